@@ -1,0 +1,1 @@
+"""Helpers shared by the lessons (bootstrap, report, watchdog) and by the runner (catalog, launch, expect)."""

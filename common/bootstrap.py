@@ -1,0 +1,177 @@
+"""The lessons' start-up: flags, the MPI world, the device choice, and torch / CuPy-NCCL built on MPI.
+
+    args, ctx = bootstrap.start(__file__, parser)   # every rank
+    ctx.comm, ctx.rank, ctx.world_size, ctx.local_rank, ctx.api, ctx.device, ctx.transport
+
+MPI is imported only here, after the flags parsed, so a bad flag exits cleanly with one line.
+"""
+import argparse
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+
+from common import devices, watchdog
+
+RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def env_rank():
+    """This process's rank as the launcher set it, before MPI is up (0 when run alone)."""
+    for var in RANK_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+class LessonParser(argparse.ArgumentParser):
+    """argparse that answers bad input with one line, from rank 0 only, and exit status 2."""
+
+    def error(self, message):
+        if env_rank() == 0:
+            print(f"{self.prog}: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def nonneg_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
+def lesson_parser(file, doc):
+    """A parser with the flags every lesson shares; the lesson adds its own."""
+    p = LessonParser(prog=os.path.basename(file), description=(doc or "").strip().split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--api", choices=devices.APIS, default="mpi4py", help="mpi4py or torch.distributed")
+    p.add_argument("--device", choices=devices.DEVICES, default="auto",
+                   help="auto: gpu when every local rank has its own GPU and NCCL loads")
+    p.add_argument("--json", metavar="PATH", default=os.environ.get("TUTOR_RESULTS"),
+                   help="write the results JSON here (the runner sets this)")
+    return p
+
+
+@dataclass
+class Ctx:
+    lesson: str
+    comm: object
+    rank: int
+    world_size: int
+    local_rank: int
+    local_size: int
+    host: str
+    api: str
+    device: str
+    transport: str
+    why: str
+    json_path: str = None
+    params: dict = field(default_factory=dict)
+    nccl: object = None       # a cupy.cuda.nccl.NcclCommunicator on (mpi4py, gpu)
+    single_node: bool = True
+    store_addr: tuple = None  # (host, port) of the torch TCPStore
+
+    def fail(self, message, code=2):
+        """End every rank cleanly with one line from rank 0 (every rank must call this together)."""
+        from mpi4py import MPI
+        if self.rank == 0:
+            print(f"{self.lesson}: {message}", file=sys.stderr, flush=True)
+        MPI.Finalize()  # after Finalize, mpi4py exits with our code instead of calling MPI_Abort
+        sys.exit(code)
+
+
+def start(file, parser, argv=None):
+    """Parse flags, join the MPI world, agree on a device, and set up the chosen API. Collective."""
+    args = parser.parse_args(argv)
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    watchdog.install(comm.rank)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)  # ranks sharing this node's memory
+    hosts = comm.allgather(socket.gethostname())
+    ctx = Ctx(lesson=os.path.splitext(os.path.basename(file))[0], comm=comm, rank=comm.rank,
+              world_size=comm.size, local_rank=local.rank, local_size=local.size, host=hosts[comm.rank],
+              api=args.api, device="cpu", transport="", why="", json_path=args.json,
+              single_node=len(set(hosts)) == 1)
+    local.Free()
+    if args.device == "cpu":
+        ready, why = False, "asked for --device cpu"
+    else:
+        ready, why = devices.gpu_ready(args.api, ctx.local_size)
+    missing = [r for r in comm.allgather(None if ready else why) if r is not None]
+    all_ready = not missing  # gpu only if every rank has one: one rank on cpu would stall NCCL
+    why = why if all_ready else missing[0]
+    device, reason, error = devices.decide(args.device, all_ready, why)
+    if error:
+        ctx.fail(error)
+    ctx.device, ctx.why = device, reason
+    ctx.transport = devices.TRANSPORT[(args.api, device)]
+    if args.api == "torch":
+        init_torch(ctx)
+    elif device == "gpu":
+        import cupy
+        cupy.cuda.Device(ctx.local_rank).use()
+        ctx.nccl = nccl_comm(comm)
+    return args, ctx
+
+
+def store_host(ctx):
+    """Where rank 0's TCPStore listens: loopback on one node; across nodes its reachable address."""
+    if ctx.single_node:
+        return "127.0.0.1"
+    return os.environ.get("TUTOR_MASTER_ADDR") or socket.gethostbyname(socket.getfqdn())
+
+
+def init_torch(ctx):
+    """torch.distributed from the MPI ranks: rank 0 opens a store on a free port, MPI tells the rest."""
+    import datetime
+    import torch.distributed as dist
+    addr = None
+    if ctx.rank == 0:
+        host = store_host(ctx)
+        try:  # port 0: the OS picks a free port, so runs side by side never collide
+            store = dist.TCPStore(host, 0, ctx.world_size, is_master=True, wait_for_workers=False,
+                                  timeout=datetime.timedelta(seconds=60))
+            addr = (host, store.port)
+        except Exception as exc:  # tell the other ranks instead of leaving them waiting
+            addr = ("error", f"{type(exc).__name__}: {exc}")
+    addr = ctx.comm.bcast(addr, root=0)
+    if addr[0] == "error":
+        raise RuntimeError(f"rank 0 could not open the torch store: {addr[1]}")
+    if ctx.rank != 0:
+        store = dist.TCPStore(addr[0], addr[1], ctx.world_size, is_master=False,
+                              timeout=datetime.timedelta(seconds=60))
+    kwargs = {}
+    if ctx.device == "gpu":
+        import torch
+        torch.cuda.set_device(ctx.local_rank)
+        kwargs["device_id"] = torch.device("cuda", ctx.local_rank)
+    elif ctx.single_node and os.path.isdir("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback
+    dist.init_process_group("nccl" if ctx.device == "gpu" else "gloo", store=store,
+                            rank=ctx.rank, world_size=ctx.world_size, **kwargs)
+    ctx.store_addr = addr
+
+
+def nccl_comm(comm, log=None):
+    """A CuPy NCCL communicator over the ranks of MPI communicator `comm` (collective over `comm`).
+
+    Rank 0 makes the unique id (CuPy >= 14: bytes; <= 13: a tuple of ints); MPI broadcasts it;
+    every rank then joins with NcclCommunicator(size, id, rank). If rank 0 fails, the failure is
+    broadcast instead, so no rank waits forever for an id that will never come.
+    """
+    from cupy.cuda import nccl
+    msg = None
+    if comm.rank == 0:
+        try:
+            msg = ("ok", nccl.get_unique_id())
+        except Exception as exc:
+            msg = ("error", f"{type(exc).__name__}: {exc}")
+    status, uid = comm.bcast(msg, root=0)
+    if status == "error":
+        raise RuntimeError(f"rank 0 could not create an NCCL unique id: {uid}")
+    if log:
+        log(f"got the unique id over MPI ({type(uid).__name__}, {len(uid)} items), joining NCCL")
+    return nccl.NcclCommunicator(comm.size, uid, comm.rank)

@@ -1,0 +1,103 @@
+"""The runner's checks: values picked from the results JSON by path, compared with the YAML's `expect`.
+
+    - name: every rank holds the library's answer
+      value: ranks[*].max_abs_err      # a path: dotted keys, [*] for every item, [2] for one
+      le: 1.0e-6                       # equals | le | ge | lt | gt, with rtol / atol for equals
+      when: np >= 2                    # optional: the check applies only when this is true
+
+Wanted values that are strings are expressions (common.expr) in np, rank, api, device, transport
+and the lesson's params, so expectations are closed forms independent of the lesson's arithmetic.
+"""
+import math
+import re
+
+from common import expr
+
+OPS = {"equals": "==", "le": "<=", "ge": ">=", "lt": "<", "gt": ">"}
+_TOKEN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\*|-?\d+)\]|\.")
+MISSING = object()
+
+
+def select(doc, path):
+    """[(label, value, item)] for a path; label names the rank for ranks[*] items."""
+    found = [("", doc, None)]
+    pos = 0
+    while pos < len(path):
+        m = _TOKEN.match(path, pos)
+        if not m:
+            raise expr.ExprError(f"bad value path {path!r} at {path[pos:]!r}")
+        pos = m.end()
+        key, index = m.group(1), m.group(2)
+        if key is None and index is None:
+            continue  # the "." between keys
+        nxt = []
+        for label, value, item in found:
+            if key is not None:
+                nxt.append((label, value.get(key, MISSING) if isinstance(value, dict) else MISSING, item))
+            elif index is not None:
+                if not isinstance(value, list):
+                    nxt.append((label, MISSING, item))
+                elif index == "*":
+                    nxt += [(f"rank {v.get('rank', i)}" if isinstance(v, dict) else f"[{i}]", v, v)
+                            for i, v in enumerate(value)]
+                else:
+                    i = int(index)
+                    nxt.append((label, value[i] if -len(value) <= i < len(value) else MISSING, item))
+        found = nxt
+    return found
+
+
+def names_for(doc, item=None):
+    names = {"np": doc.get("np"), "api": doc.get("api"), "device": doc.get("device"),
+             "transport": doc.get("transport")}
+    names.update(doc.get("params") or {})
+    if isinstance(item, dict) and "rank" in item:
+        names["rank"] = item["rank"]
+    return names
+
+
+def compare(got, op, want, rtol=0.0, atol=0.0):
+    if got is MISSING or got is None:
+        return False
+    if op == "equals":
+        if isinstance(want, (int, float)) and not isinstance(want, bool) and isinstance(got, (int, float)):
+            if rtol or atol:
+                return math.isclose(got, want, rel_tol=rtol, abs_tol=atol)
+        return got == want
+    try:
+        return {"le": got <= want, "ge": got >= want, "lt": got < want, "gt": got > want}[op]
+    except TypeError:
+        return False
+
+
+def run_checks(expect, doc):
+    """[{name, ok, got, want}] for every check that applies to this results document."""
+    out = []
+    for check in expect:
+        if "when" in check and not expr.evaluate(check["when"], names_for(doc)):
+            continue
+        op = next(k for k in OPS if k in check)
+        raw = check[op]
+        picked = select(doc, check["value"])
+        bad, wants, gots = [], [], []
+        for label, got, item in picked:
+            want = expr.evaluate(raw, names_for(doc, item)) if isinstance(raw, str) else raw
+            wants.append(want)
+            gots.append("missing" if got is MISSING else got)
+            if not compare(got, op, want, check.get("rtol", 0.0), check.get("atol", 0.0)):
+                bad.append(f"{label}: {'missing' if got is MISSING else got}" if label else
+                           ("missing" if got is MISSING else got))
+        ok = bool(picked) and not bad
+        tol = "".join(f" ({k} {check[k]})" for k in ("rtol", "atol") if k in check)
+        out.append({"name": check["name"], "ok": ok, "got": _summarise(gots) if ok or not bad else bad,
+                    "want": f"{OPS[op]} {_summarise(wants)}{tol}"})
+    return out
+
+
+def _summarise(values):
+    """One value when every item agrees, else the list."""
+    if not values:
+        return "nothing"
+    if all(v == values[0] for v in values):
+        return values[0]
+    return values

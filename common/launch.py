@@ -1,0 +1,231 @@
+"""Start a lesson under mpiexec, show its output live, and make sure it ends: timeout, Ctrl-C, cleanup.
+
+Ranks run in sessions of their own (MPICH's hydra calls setsid), so killing mpiexec's process group
+is not enough: we end mpiexec's descendants and every pid the ranks left in the run folder.
+"""
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from common.catalog import ROOT
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def mpiexec(np):
+    """The launcher's argv: $MPIEXEC if set, else the venv's MPICH mpiexec."""
+    custom = os.environ.get("MPIEXEC")
+    if custom:
+        argv = shlex.split(custom)
+        if not argv or not shutil.which(argv[0]):
+            raise LaunchError(f"MPIEXEC={custom!r}: {argv[0] if argv else 'nothing'} is not a program "
+                              "found on PATH")
+        if _is_open_mpi(argv[0]):
+            if np > (os.cpu_count() or 1) and "--oversubscribe" not in argv:
+                argv.append("--oversubscribe")
+            if os.geteuid() == 0 and "--allow-run-as-root" not in argv:
+                argv.append("--allow-run-as-root")
+        return argv
+    venv = os.path.join(ROOT, ".venv", "bin", "mpiexec")
+    if not os.access(venv, os.X_OK):
+        raise LaunchError("mpiexec not found in .venv: run `make setup` (or set MPIEXEC)")
+    return [os.path.relpath(venv)]
+
+
+def _is_open_mpi(program):
+    try:
+        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=10)
+        return "Open MPI" in out.stdout + out.stderr or "OpenRTE" in out.stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def python():
+    venv = os.path.join(ROOT, ".venv", "bin", "python")
+    return os.path.relpath(venv) if os.path.exists(venv) else sys.executable
+
+
+def command(script, np, args=()):
+    return [*mpiexec(np), "-n", str(np), python(), "-m", "mpi4py", os.path.relpath(script), *args]
+
+
+def usable_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclass
+class Outcome:
+    rc: int
+    seconds: float
+    timed_out: bool = False
+    interrupted: bool = False
+    results: dict = None
+    stacks: dict = field(default_factory=dict)   # rank -> [(func, file:line), ...] innermost first
+    errors: dict = field(default_factory=dict)   # rank -> "ValueError: ... (file:line)"
+    tail: list = field(default_factory=list)     # last lines of output
+
+
+def run(cmd, timeout, results_path=None, echo=True, env=None):
+    """Run `cmd`; stream its output; end it at `timeout` with per-rank stacks; return an Outcome."""
+    run_dir = tempfile.mkdtemp(prefix="tutor-run-")
+    results_path = results_path or os.path.join(run_dir, "results.json")
+    if os.path.exists(results_path):
+        os.unlink(results_path)  # never read a previous run's results as this one's
+    env = {**os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir,
+           "TUTOR_RESULTS": os.path.abspath(results_path), "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise LaunchError(f"cannot start {cmd[0]}: {exc.strerror}") from None
+    out = Outcome(rc=0, seconds=0.0)
+    reader = threading.Thread(target=_pump, args=(proc.stdout, out.tail, echo), daemon=True)
+    reader.start()
+    try:
+        out.rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out.timed_out = True
+        out.stacks = dump_stacks(proc.pid, run_dir)
+        out.rc = 124
+    except KeyboardInterrupt:
+        out.interrupted = True
+        out.rc = 130
+    finally:
+        end_tree(proc, run_dir)
+        proc.wait()
+        reader.join(timeout=5)
+    out.seconds = time.monotonic() - start
+    out.errors = _read_errors(run_dir)
+    if os.path.exists(results_path) and not (out.timed_out or out.interrupted):
+        with open(results_path) as f:
+            out.results = json.load(f)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return out
+
+
+def _pump(stream, tail, echo):
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        if echo:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        tail.append(line.rstrip("\n"))
+        del tail[:-200]
+
+
+def descendants(pid):
+    """Every process below `pid` (from /proc), deepest last."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def rank_pids(run_dir):
+    pids = {}
+    for name in os.listdir(run_dir):
+        m = re.match(r"rank(\d+)\.pid$", name)
+        if m:
+            try:
+                with open(os.path.join(run_dir, name)) as f:
+                    pids[int(m.group(1))] = int(f.read().strip())
+            except (OSError, ValueError):
+                pass
+    return pids
+
+
+def dump_stacks(pid, run_dir, wait=3.0):
+    """Ask every rank for a faulthandler dump (SIGUSR1) and parse where each one is blocked."""
+    ranks = {r: p for r, p in rank_pids(run_dir).items() if _ours(p, run_dir)}
+    for rank_pid in ranks.values():
+        _signal(rank_pid, signal.SIGUSR1)
+    deadline = time.monotonic() + wait
+    stacks = {}
+    while time.monotonic() < deadline and len(stacks) < len(ranks):
+        time.sleep(0.1)
+        for rank in ranks:
+            path = os.path.join(run_dir, f"rank{rank}.stack")
+            frames = parse_stack(open(path).read()) if os.path.exists(path) else []
+            if frames:
+                stacks[rank] = frames
+    return stacks
+
+
+_FRAME = re.compile(r'File "(.+)", line (\d+) in (\S+)')
+
+
+def parse_stack(text):
+    """[(function, file:line)] of the current (main) thread, innermost first, from a faulthandler dump."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text.strip())
+    main = next((b for b in blocks if b.startswith("Current thread")), blocks[0] if blocks else "")
+    return [(fn, f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{line}")
+            for path, line, fn in _FRAME.findall(main)]
+
+
+def blocked_at(frames):
+    """The innermost frame in the kit's own files (the lesson's line), and the innermost overall."""
+    own = next((f for f in frames if not f[1].startswith(("/", "<"))), None)
+    return own, frames[0] if frames else None
+
+
+def _read_errors(run_dir):
+    errors = {}
+    for name in os.listdir(run_dir):
+        m = re.match(r"rank(\d+)\.error$", name)
+        if m:
+            with open(os.path.join(run_dir, name)) as f:
+                errors[int(m.group(1))] = f.read().strip()
+    return errors
+
+
+def _signal(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _ours(pid, run_dir):
+    """True if process `pid` is a rank of this run (its environment names our run folder)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"TUTOR_RUN_DIR={run_dir}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def end_tree(proc, run_dir):
+    """SIGKILL mpiexec, everything below it, and every rank of this run: nothing is left."""
+    victims = [p for p in rank_pids(run_dir).values() if _ours(p, run_dir)]
+    if proc.poll() is None:
+        victims += descendants(proc.pid)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for victim in victims:
+        _signal(victim, signal.SIGKILL)

@@ -1,0 +1,100 @@
+"""Lesson 00 — hello, ranks: who am I, a first all-reduce, and communicators split in two.
+
+What to watch for:
+  * every rank is its own process: its own rank, local_rank (its index on this node) and device;
+  * an all-reduce of the rank ids leaves the same sum, N(N-1)/2, on every rank;
+  * splitting the world into two halves gives each half its own communicator: the same all-reduce
+    inside a half only sums that half's ranks;
+  * on a GPU, NCCL is bootstrapped over MPI: rank 0 makes a unique id, MPI broadcasts it, every rank
+    joins with it. The lesson shows that handshake step by step.
+
+Run it:
+  make lesson-00 NP=4                       (or API=torch)
+  .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/00_hello.py --api mpi4py
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np  # noqa: E402
+
+from common import bootstrap, report  # noqa: E402
+
+
+def allreduce_sum(ctx, value, group=None):
+    """Sum one integer over the ranks of `group` (an MPI comm, a torch group or an NCCL comm)."""
+    if ctx.api == "torch":
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor([value], dtype=torch.int64, device="cuda" if ctx.device == "gpu" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        return int(t.item())
+    if ctx.device == "gpu":
+        import cupy
+        from cupy.cuda import nccl
+        x = cupy.array([value], dtype=cupy.int64)
+        y = cupy.empty_like(x)
+        stream = cupy.cuda.get_current_stream()
+        group.allReduce(x.data.ptr, y.data.ptr, 1, nccl.NCCL_INT64, nccl.NCCL_SUM, stream.ptr)
+        stream.synchronize()  # nccl is asynchronous: wait before the host reads y
+        return int(y.get()[0])
+    from mpi4py import MPI
+    x = np.array([value], dtype=np.int64)
+    y = np.empty_like(x)
+    group.Allreduce(x, y, op=MPI.SUM)
+    return int(y[0])
+
+
+def split_in_halves(ctx, half):
+    """A communicator for my half of the world, in the chosen API's own terms."""
+    lower = list(range((ctx.world_size + 1) // 2))
+    upper = list(range(len(lower), ctx.world_size))
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        # every rank must create every group, in the same order, even groups it is not in
+        groups = [dist.new_group(ranks=lower), dist.new_group(ranks=upper) if upper else None]
+        return groups[half], []
+    sub = ctx.comm.Split(color=half, key=ctx.rank)  # an MPI communicator per color
+    if ctx.device != "gpu":
+        return sub, []
+    steps = []
+    comm = bootstrap.nccl_comm(sub, log=steps.append)  # unique id from sub-rank 0, over MPI
+    steps.append(f"NcclCommunicator({sub.size}, uid, {sub.rank}) joined")
+    return comm, steps
+
+
+def main():
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    args, ctx = bootstrap.start(__file__, parser)
+    n = ctx.world_size
+
+    report.section(ctx, f"1. who am I  ({n} ranks, api {ctx.api}; {ctx.why})")
+    report.say(ctx, f"host {ctx.host}  local_rank {ctx.local_rank} of {ctx.local_size}  "
+                    f"device {ctx.device}  transport {ctx.transport}  pid {os.getpid()}")
+
+    report.section(ctx, "2. all-reduce (SUM) of the rank ids: every rank should get N(N-1)/2")
+    world = None if ctx.api == "torch" else (ctx.nccl if ctx.device == "gpu" else ctx.comm)
+    rank_sum = allreduce_sum(ctx, ctx.rank, world)
+    report.say(ctx, f"sum of ranks = {rank_sum}   (formula {n}*{n - 1}/2 = {n * (n - 1) // 2})")
+    assert rank_sum == n * (n - 1) // 2, "the all-reduce gave a wrong sum"
+
+    m = (n + 1) // 2
+    half = 0 if ctx.rank < m else 1
+    report.section(ctx, f"3. split the world: ranks 0..{m - 1} are half 0, ranks {m}..{n - 1} half 1"
+                   if n > 1 else "3. split the world: with 1 rank, half 1 is empty")
+    group, steps = split_in_halves(ctx, half)
+    if steps:
+        report.say(ctx, "NCCL handshake for my half: " + "; then ".join(steps))
+    half_sum = allreduce_sum(ctx, ctx.rank, group)
+    members = range(m) if half == 0 else range(m, n)
+    report.say(ctx, f"half {half}: sum of my half's ranks = {half_sum}  (want {sum(members)})")
+    assert half_sum == sum(members), "the all-reduce inside the half gave a wrong sum"
+
+    report.finish(ctx, {"world_size": n, "local_rank": ctx.local_rank, "host": ctx.host,
+                        "device": ctx.device, "transport": ctx.transport, "rank_sum": rank_sum,
+                        "half": half, "half_sum": half_sum},
+                  summary={"halves": 2 if n > 1 else 1})
+
+
+if __name__ == "__main__":
+    main()
