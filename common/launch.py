@@ -74,6 +74,8 @@ class Outcome:
     stacks: dict = field(default_factory=dict)   # rank -> [(func, file:line), ...] innermost first
     errors: dict = field(default_factory=dict)   # rank -> "ValueError: ... (file:line)"
     tail: list = field(default_factory=list)     # last lines of output
+    pids: dict = field(default_factory=dict)     # rank -> pid, as the ranks wrote them
+    limit: float = None                          # the timeout this run had
 
 
 def run(cmd, timeout, results_path=None, echo=True, env=None):
@@ -91,7 +93,7 @@ def run(cmd, timeout, results_path=None, echo=True, env=None):
     except OSError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"cannot start {cmd[0]}: {exc.strerror}") from None
-    out = Outcome(rc=0, seconds=0.0)
+    out = Outcome(rc=0, seconds=0.0, limit=timeout)
     reader = threading.Thread(target=_pump, args=(proc.stdout, out.tail, echo), daemon=True)
     reader.start()
     try:
@@ -109,6 +111,7 @@ def run(cmd, timeout, results_path=None, echo=True, env=None):
         reader.join(timeout=5)
     out.seconds = time.monotonic() - start
     out.errors = _read_errors(run_dir)
+    out.pids = rank_pids(run_dir)
     if os.path.exists(results_path) and not (out.timed_out or out.interrupted):
         with open(results_path) as f:
             out.results = json.load(f)

@@ -1,5 +1,7 @@
 """What `bin/tutor run` and `check` do: validate the request, launch, check the results, explain."""
 import os
+import re
+import signal
 
 from common import catalog, devices, expect, launch
 from common.report import table
@@ -77,7 +79,7 @@ def explain(lesson, outcome, checks):
     if outcome.interrupted:
         return ["interrupted: every rank was ended"]
     if outcome.timed_out:
-        lines.append(f"TIMEOUT: {lesson.name} ran past {outcome.seconds:.0f} s; every rank was ended. "
+        lines.append(f"TIMEOUT: {lesson.name} ran past its {outcome.limit:g} s limit; every rank was ended. "
                      "Where each rank was:")
         for rank in sorted(outcome.stacks):
             own, inner = launch.blocked_at(outcome.stacks[rank])
@@ -89,7 +91,13 @@ def explain(lesson, outcome, checks):
         return lines
     for rank in sorted(outcome.errors):
         lines.append(f"rank {rank} failed: {outcome.errors[rank]}")
-    if outcome.rc != 0 and not outcome.errors:
+    killed = killed_rank(outcome) if outcome.rc != 0 and not outcome.errors else None
+    if killed:
+        lines.append(killed)
+    elif outcome.rc == 2 and checks is None:  # a lesson's flag parser or ctx.fail(): one line said why
+        last = next((l for l in reversed(outcome.tail) if l.strip()), "")
+        return [f"the lesson refused to run: {last.strip()}"]
+    elif outcome.rc != 0 and not outcome.errors:
         last = next((l for l in reversed(outcome.tail) if l.strip()), "")
         lines.append(f"the lesson exited with status {outcome.rc}" + (f": {last.strip()}" if last else ""))
     if checks is None and outcome.rc != 0:
@@ -100,6 +108,21 @@ def explain(lesson, outcome, checks):
         lines += [f"check failed: {c['name']}: got {_short(c['got'])}, want {c['want']}"
                   for c in checks if not c["ok"]]
     return lines
+
+
+def killed_rank(outcome):
+    """'rank R (pid P) was killed by signal S' from the launcher's report of a bad termination."""
+    text = "\n".join(outcome.tail)
+    pid = re.search(r"PID (\d+) RUNNING AT", text)
+    sig = re.search(r"signal (\d+)", text)
+    if not pid:
+        return None
+    by_pid = {p: r for r, p in outcome.pids.items()}
+    who = f"rank {by_pid[int(pid.group(1))]}" if int(pid.group(1)) in by_pid else "a rank"
+    how = f"was killed by signal {sig.group(1)}" if sig else "ended abnormally"
+    if sig and int(sig.group(1)) in signal.valid_signals():
+        how += f" ({signal.Signals(int(sig.group(1))).name})"
+    return f"{who} (pid {pid.group(1)}) {how}; mpiexec then ended the other ranks"
 
 
 def write_junit(path, cases):

@@ -1,0 +1,57 @@
+"""Shared test helpers: the typer app, a subprocess runner with a timeout, a leftover-process finder.
+
+No test module initialises MPI in the pytest process: every MPI run is a subprocess under mpiexec.
+"""
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+TUTOR = os.path.join(ROOT, "bin", "tutor")
+sys.path.insert(0, ROOT)
+
+
+def load_tutor():
+    loader = importlib.machinery.SourceFileLoader("tutor_cli", TUTOR)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("tutor_cli", loader))
+    loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def app():
+    return load_tutor().app
+
+
+@pytest.fixture
+def fixtures_env(monkeypatch):
+    monkeypatch.setenv("TUTOR_LESSONS", FIXTURES)
+
+
+def tutor(*args, env=None, timeout=180):
+    """Run bin/tutor in a subprocess (as a learner would) and return the CompletedProcess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, TUTOR, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def processes_running(fragment):
+    """PIDs of live processes whose command line contains `fragment` (never this test process)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                with open(f"/proc/{entry}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if fragment in cmd and state != "Z":
+                found.append(int(entry))
+    return found

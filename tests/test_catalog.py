@@ -1,0 +1,81 @@
+"""Tier 1: finding lessons by id, and the YAML schema check (file and line on every problem);
+plus the metadata test that keeps the real lessons and their YAML from drifting."""
+import os
+import re
+import textwrap
+
+import pytest
+
+from common import catalog
+from conftest import FIXTURES, ROOT
+
+GOOD = textwrap.dedent("""\
+    title: t
+    np: {default: 2, min: 1, check: [1, 2]}
+    apis: [mpi4py]
+    timeout_s: 10
+    expect:
+      - name: c
+        value: ranks[*].x
+        equals: np
+    """)
+
+
+@pytest.mark.parametrize("text", ["1", "01", "01_pass", "pass", "01_pass.py"])
+def test_resolve_every_spelling(text):
+    assert catalog.resolve(text, FIXTURES).name == "01_pass"
+
+
+def test_unknown_lesson_lists_close_matches():
+    with pytest.raises(catalog.CatalogError, match="no lesson 'pas'.*did you mean.*pass"):
+        catalog.resolve("pas", FIXTURES)
+
+
+def write(tmp_path, text):
+    path = tmp_path / "01_x.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_good_yaml_loads(tmp_path):
+    assert catalog.load_yaml(write(tmp_path, GOOD))["np"]["check"] == [1, 2]
+
+
+@pytest.mark.parametrize("change, message, line", [
+    (("apis: [mpi4py]", "apis: [mpi4py"), "malformed YAML", 4),
+    (("timeout_s: 10", "timeout_s: 10\nnpp: 3"), "unknown key 'npp'", 5),
+    (("equals: np", "equals: __import__('os').getcwd()"), "not plain arithmetic", 6),
+    (("equals: np", "equals: np.bit_length"), "not plain arithmetic", 6),
+    (("equals: np", "between: [1, 2]"), "a check takes only", 6),
+    (("np: {default: 2, min: 1, check: [1, 2]}", "np: 4"), "np must be", 2),
+    (("title: t", "title: !!python/object/apply:os.getcwd []"), "malformed YAML", 1),
+])
+def test_bad_yaml_names_file_and_line(tmp_path, change, message, line):
+    path = write(tmp_path, GOOD.replace(*change))
+    with pytest.raises(catalog.CatalogError) as err:
+        catalog.load_yaml(path)
+    assert message in str(err.value)
+    assert re.search(rf"01_x\.yaml:{line}\b", str(err.value)), str(err.value)
+
+
+# --- the real lessons: code and YAML agree -------------------------------------------------------
+REAL = catalog.lessons(os.path.join(ROOT, "lessons"))
+
+
+def test_there_are_lessons():
+    assert any(l.id == "00" for l in REAL)
+
+
+@pytest.mark.parametrize("lesson", REAL, ids=[l.name for l in REAL])
+def test_lesson_metadata(lesson):
+    assert os.path.exists(lesson.yaml_path), f"{lesson.name}.py has no {lesson.name}.yaml beside it"
+    meta = catalog.load_yaml(lesson.yaml_path)   # every key known, expressions parse
+    lo, hi = meta["np"]["min"], meta["np"].get("max")
+    assert all(n >= lo and (hi is None or n <= hi) for n in meta["np"]["check"] + [meta["np"]["default"]])
+    source = open(lesson.path).read()
+    doc = source.split('"""')[1]
+    assert f"make lesson-{lesson.id}" in doc, "the docstring shows the make line"
+    assert f"lessons/{lesson.name}.py" in doc, "the docstring's mpiexec line names this very file"
+    assert "report.finish(" in source and "bootstrap.start(" in source
+    for marker in re.findall(r"# >>> exercise: (\S+)", source):
+        assert f"# <<< exercise: {marker}" in source, f"exercise {marker} has no end marker"

@@ -1,0 +1,59 @@
+"""Tier 1: picking values from a results JSON by path and comparing them with the YAML's wants."""
+from common.expect import MISSING, run_checks, select
+
+DOC = {"lesson": "x", "np": 3, "api": "mpi4py", "device": "cpu", "transport": "mpi",
+       "params": {"count": 10},
+       "ranks": [{"rank": 0, "err": 0.0, "steps": 4}, {"rank": 1, "err": 1e-7, "steps": 4},
+                 {"rank": 2, "err": 0.5, "steps": 4}],
+       "summary": {"ratio": 0.95, "nested": {"deep": [1, 2, 3]}}}
+
+
+def test_select_paths():
+    assert [v for _, v, _ in select(DOC, "ranks[*].steps")] == [4, 4, 4]
+    assert [v for _, v, _ in select(DOC, "summary.nested.deep[-1]")] == [3]
+    assert [v for _, v, _ in select(DOC, "params.count")] == [10]
+    assert [v for _, v, _ in select(DOC, "summary.absent")] == [MISSING]
+    assert [label for label, _, _ in select(DOC, "ranks[*].err")] == ["rank 0", "rank 1", "rank 2"]
+
+
+def check(**kw):
+    return run_checks([{"name": "c", **kw}], DOC)[0]
+
+
+def test_le_fails_and_names_the_bad_rank():
+    result = check(value="ranks[*].err", le=1e-6)
+    assert not result["ok"]
+    assert result["got"] == ["rank 2: 0.5"]
+
+
+def test_expression_in_np_and_params():
+    assert check(value="ranks[*].steps", equals="2*(np-1)")["ok"]
+    assert not check(value="ranks[*].steps", equals="2*np")["ok"]
+    assert check(value="params.count", equals="count")["ok"]
+
+
+def test_per_rank_expression():
+    assert check(value="ranks[*].rank", equals="rank")["ok"]
+    assert not check(value="ranks[*].rank", equals="rank + 1")["ok"]
+
+
+def test_tolerances():
+    assert check(value="summary.ratio", equals=1.0, rtol=0.1)["ok"]
+    assert not check(value="summary.ratio", equals=1.0, rtol=0.01)["ok"]
+    assert check(value="summary.ratio", equals=1.0, atol=0.06)["ok"]
+
+
+def test_missing_value_fails():
+    result = check(value="summary.nope", ge=0)
+    assert not result["ok"] and result["got"] == ["missing"]
+
+
+def test_when_skips_checks_that_do_not_apply():
+    assert run_checks([{"name": "torch only", "value": "summary.nope", "ge": 0,
+                        "when": "api == 'torch'"}], DOC) == []
+    assert len(run_checks([{"name": "np 3", "value": "summary.ratio", "ge": 0, "when": "np == 3"}], DOC)) == 1
+
+
+def test_no_items_is_a_failure_not_a_pass():
+    empty = {**DOC, "ranks": []}
+    assert not run_checks([{"name": "c", "value": "ranks[*].err", "le": 1}], empty)[0]["ok"]

@@ -1,0 +1,49 @@
+"""Tier 3: every real lesson under mpiexec, for each NP in its YAML check list and each API, on CPU,
+with the YAML's check args and a timeout; the GPU cases skip with a reason when there is no GPU."""
+import os
+
+import pytest
+
+from common import catalog, devices
+from conftest import ROOT, tutor
+
+CASES, GPU_CASES, BROKEN = [], [], []
+for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
+    try:
+        meta = catalog.load_yaml(lesson.yaml_path)
+    except catalog.CatalogError as exc:
+        BROKEN.append(pytest.param(str(exc), id=lesson.name))
+        continue
+    for api in meta["apis"]:
+        GPU_CASES.append(pytest.param(lesson, meta, api, id=f"{lesson.name}-gpu-{api}"))
+        for n in meta["np"]["check"]:
+            CASES.append(pytest.param(lesson, meta, n, api, id=f"{lesson.name}-np{n}-{api}"))
+
+
+def run_case(lesson, meta, n, api, device):
+    proc = tutor("run", lesson.name, "-n", str(n), "--api", api, "--device", device, "--",
+                 *map(str, meta.get("args", [])), timeout=meta["timeout_s"] + 60)
+    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+    assert proc.returncode == 0, f"{lesson.name} np={n} api={api} failed:\n{tail}"
+    assert "✗" not in proc.stdout and "PASS" in proc.stdout, tail
+
+
+@pytest.mark.parametrize("lesson, meta, n, api", CASES)
+def test_lesson_on_cpu(lesson, meta, n, api):
+    if meta.get("devices") == ["gpu"]:
+        pytest.skip("GPU-only lesson")
+    run_case(lesson, meta, n, api, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lesson, meta, api", GPU_CASES)
+def test_lesson_on_gpu(lesson, meta, api):
+    ready, why = devices.gpu_ready(api, 2)
+    if not ready:
+        pytest.skip(f"no GPU path here: {why}")
+    run_case(lesson, meta, 2, api, "gpu")
+
+
+@pytest.mark.parametrize("error", BROKEN)
+def test_every_lesson_has_valid_yaml(error):
+    pytest.fail(error)

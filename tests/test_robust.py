@@ -1,0 +1,146 @@
+"""Nothing hangs, nothing is left behind, nothing collides; bad input gets one clear line.
+
+Each bad input is answered by one line naming the problem and a non-zero exit, without a traceback."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common import bootstrap, launch
+from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
+
+FIX = {"TUTOR_LESSONS": FIXTURES}
+
+
+def one_line_error(proc, *fragments):
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["run", "1", "-n", "0"], ["NP must be at least 1, got 0"]),
+    (["run", "1", "-n", "-3"], ["NP must be at least 1, got -3"]),
+    (["run", "1", "-n", "four"], ["NP must be a whole number, got 'four'"]),
+    (["run", "1", "-n", "9"], ["01_pass runs with NP 1..4, got 9"]),
+    (["run", "2", "-n", "1"], ["02_wrong runs with NP at least 2, got 1"]),
+    (["run", "pas"], ["no lesson 'pas'", "did you mean", "pass"]),
+    (["run", "1", "--api", "jax"], ["offers --api mpi4py, not 'jax'"]),
+    (["run", "1", "--device", "gpu"], ["--device gpu: no usable GPU here"]),
+    (["run", "1", "--timeout", "-1"], ["--timeout must be positive"]),
+])
+def test_bad_runner_input(args, fragments):
+    one_line_error(tutor(*args, env={**FIX, "CUDA_VISIBLE_DEVICES": ""}), *fragments)
+
+
+@pytest.fixture
+def fake_gpu(tmp_path):
+    """A stand-in nvidia-smi that lists one GPU, so the NCCL rank-per-GPU rule can be exercised."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    return {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+
+def test_more_local_ranks_than_gpus(fake_gpu):
+    proc = tutor("run", "1", "-n", "2", "--device", "gpu", env={**FIX, **fake_gpu})
+    one_line_error(proc, "2 ranks but 1 GPU(s)", "one GPU per rank")
+
+
+def test_lesson_refuses_gpu_itself_when_launched_by_hand():
+    cmd = [os.path.join(ROOT, ".venv/bin/mpiexec"), "-n", "2", sys.executable, "-m", "mpi4py",
+           os.path.join(FIXTURES, "01_pass.py"), "--device", "gpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    one_line_error(proc, "01_pass: --device gpu: no usable GPU")
+
+
+@pytest.mark.parametrize("count", ["-5", "many"])
+def test_bad_lesson_flag_is_one_line_from_the_lesson(count):
+    proc = tutor("run", "1", "-n", "2", "--", "--count", count, env=FIX)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    said = [l for l in proc.stdout.splitlines() if "--count" in l and "expected a whole number" in l]
+    assert len(said) == 1, proc.stdout          # once, from rank 0 only, not once per rank
+    assert "the lesson refused to run" in proc.stderr
+
+
+def test_missing_mpiexec():
+    one_line_error(tutor("run", "1", env={**FIX, "MPIEXEC": "/nonexistent/mpiexec"}),
+                   "MPIEXEC='/nonexistent/mpiexec'", "not a program")
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    for name in ("01_pass.py", "01_pass.yaml"):
+        (tmp_path / name).write_text(open(os.path.join(FIXTURES, name)).read())
+    text = (tmp_path / "01_pass.yaml").read_text().replace("apis: [mpi4py]", "apis: [mpi4py")
+    (tmp_path / "01_pass.yaml").write_text(text)
+    one_line_error(tutor("run", "1", env={"TUTOR_LESSONS": str(tmp_path)}), "01_pass.yaml:4", "malformed YAML")
+
+
+def test_yaml_expression_that_is_not_arithmetic_is_refused(tmp_path):
+    for name in ("01_pass.py", "01_pass.yaml"):
+        (tmp_path / name).write_text(open(os.path.join(FIXTURES, name)).read())
+    text = (tmp_path / "01_pass.yaml").read_text().replace("equals: np*(np+1)//2",
+                                                           "equals: __import__('os').system('touch pwned')")
+    (tmp_path / "01_pass.yaml").write_text(text)
+    one_line_error(tutor("run", "1", env={"TUTOR_LESSONS": str(tmp_path)}), "not plain arithmetic")
+    assert not os.path.exists(os.path.join(ROOT, "pwned"))
+
+
+def test_ctrl_c_ends_every_rank_and_exits_130():
+    proc = subprocess.Popen([sys.executable, TUTOR, "run", "4", "--timeout", "60"], cwd=ROOT,
+                            env={**os.environ, **FIX}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while len(processes_running("-m mpi4py tests/fixtures/04_hang.py")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)                                   # mpiexec and two ranks are up
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out.decode()
+    time.sleep(0.5)
+    assert not processes_running("tests/fixtures/04_hang.py")
+
+
+def test_two_torch_runs_at_the_same_moment_both_pass():
+    procs = [subprocess.Popen([sys.executable, TUTOR, "run", "00", "-n", "2", "--api", "torch", "--device", "cpu"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+
+
+def test_two_checks_at_once_do_not_mix_results():
+    procs = [subprocess.Popen([sys.executable, TUTOR, "check", "1"], cwd=ROOT, env={**os.environ, **FIX},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert all("2 passed, 0 failed" in o for o in outs), outs
+
+
+def test_oversubscription_is_announced():
+    n = min(launch.usable_cores() + 1, 4)
+    if n <= launch.usable_cores():
+        pytest.skip("this machine has more than 3 usable cores")
+    proc = tutor("run", "1", "-n", str(n), env=FIX)
+    assert proc.returncode == 0 and "timings will be distorted" in proc.stdout
+
+
+def test_open_mpi_gets_oversubscribe(tmp_path, monkeypatch):
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.5'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("MPIEXEC", str(fake))
+    argv = launch.mpiexec(np=launch.usable_cores() + 1)
+    assert "--oversubscribe" in argv
+    assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
+
+
+def test_torch_store_listens_on_loopback_on_one_node():
+    ctx = bootstrap.Ctx(lesson="x", comm=None, rank=0, world_size=2, local_rank=0, local_size=2,
+                        host="h", api="torch", device="cpu", transport="gloo", why="")
+    assert bootstrap.store_host(ctx) == "127.0.0.1"

@@ -1,0 +1,81 @@
+"""Tier 1: the pure parts of bootstrap, devices, report and launch (no MPI)."""
+import json
+import os
+import threading
+
+import pytest
+
+from common import bootstrap, devices, launch, report
+
+
+def test_decide():
+    assert devices.decide("cpu", True, "x")[0] == "cpu"
+    assert devices.decide("auto", True, "gpus")[:2] == ("gpu", "gpus")
+    assert devices.decide("auto", False, "none")[:2] == ("cpu", "auto chose cpu: none")
+    device, _, error = devices.decide("gpu", False, "no driver")
+    assert device is None and "--device gpu: no usable GPU: no driver" == error
+
+
+def test_hidden_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert devices.visible_gpus()[0] == 0
+    assert devices.gpu_ready("torch", 1)[0] is False
+
+
+def test_transport_table():
+    assert devices.TRANSPORT[("torch", "cpu")] == "gloo"
+    assert devices.TRANSPORT[("mpi4py", "gpu")] == "nccl"
+
+
+@pytest.mark.parametrize("var", bootstrap.RANK_VARS)
+def test_env_rank(monkeypatch, var):
+    for v in bootstrap.RANK_VARS:
+        monkeypatch.delenv(v, raising=False)
+    assert bootstrap.env_rank() == 0
+    monkeypatch.setenv(var, "3")
+    assert bootstrap.env_rank() == 3
+
+
+def test_nonneg_int():
+    import argparse
+    assert bootstrap.nonneg_int("0") == 0
+    for bad in ("-1", "x", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bootstrap.nonneg_int(bad)
+
+
+def test_table_aligns_numbers_right():
+    text = report.table(["name", "n"], [("a", 1), ("bbb", 100)])
+    lines = text.splitlines()
+    assert lines[0].startswith("name") and lines[2].endswith("  1") and lines[3].endswith("100")
+
+
+def test_write_json_is_atomic(tmp_path):
+    path = str(tmp_path / "r.json")
+    stop = threading.Event()
+    seen = []
+
+    def reader():
+        while not stop.is_set():
+            if os.path.exists(path):
+                with open(path) as f:
+                    seen.append(json.load(f)["i"])  # never a half-written file
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(200):
+        report.write_json(path, {"i": i, "pad": "x" * 5000})
+    stop.set()
+    t.join()
+    assert seen and os.listdir(tmp_path) == ["r.json"]
+
+
+def test_parse_stack_main_thread_innermost_first():
+    dump = ('Thread 0x01 (most recent call first):\n  File "/x/other.py", line 3 in spin\n\n'
+            'Current thread 0x02 (most recent call first):\n'
+            '  File "/usr/lib/site-packages/torch/x.py", line 9 in recv\n'
+            f'  File "{launch.ROOT}/lessons/05_x.py", line 42 in ring\n'
+            f'  File "{launch.ROOT}/lessons/05_x.py", line 80 in main\n')
+    frames = launch.parse_stack(dump)
+    assert frames[0] == ("recv", "/usr/lib/site-packages/torch/x.py:9")
+    own, inner = launch.blocked_at(frames)
+    assert own == ("ring", "lessons/05_x.py:42") and inner == frames[0]
