@@ -1,0 +1,364 @@
+"""Lesson 01 — send and receive: a chain, a deadlock that happens every time, and three ways out.
+
+What to watch for:
+  1. a blocking send/recv chain 0 -> 1 -> ... -> N-1: each rank waits for its left neighbour, applies
+     x = 2x + rank, and passes x on. Rank r ends with 2^(r+2) - r - 2.
+  2. the deadlock: every rank sends to its right neighbour first, then receives from its left. With a
+     synchronous send (Ssend) a send finishes only when the matching receive has started, and no rank
+     ever reaches its receive: it blocks at any size and any N >= 2. The lesson watches the sends with a
+     deadline instead of hanging, reports the call each rank is stuck in, then breaks the cycle by
+     posting the receives.
+  3. why a plain Send "sometimes works": small messages go eagerly (copied into a buffer at the
+     receiver), large ones wait for the receiver (rendezvous). The lesson measures, live, the largest
+     message a head-to-head Send completes with no receive posted. That limit depends on the MPI
+     library, its network module and settings; by the standard a Send may block until matched, so a
+     program that relies on it is wrong.
+  4. three fixes for the ring, each verified and timed: order by rank parity (even ranks send first,
+     odd ranks receive first), Sendrecv, and Isend/Irecv + Waitall. Odd N works too.
+  torch: the same head-to-head exchange with dist.isend (dist.send is isend(...).wait()); gloo may or
+  may not buffer, the lesson shows which. NCCL sends never complete without their receive, and a
+  send/recv pair must be issued inside one group (batch_isend_irecv, or groupStart/groupEnd).
+
+Run it:
+  make lesson-01 NP=4                       (or API=torch)
+  .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/01_send_recv_deadlock.py --api mpi4py
+"""
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np  # noqa: E402
+
+from common import bootstrap, report  # noqa: E402
+
+COUNT = 1 << 16          # float64 values per message in the fixes (512 KiB: past any eager limit)
+DEADLINE_S = 0.5         # an unmatched send this old, on every rank at once, is called a deadlock
+PROBE_WAIT_S = 0.05      # how long the eager probe waits for one size to complete on its own
+PROBE_MAX = 1 << 22      # largest message (bytes) the eager probe tries
+REPEAT = 5               # timed runs of each fix; the median is reported
+TAG = 11
+
+
+def pattern(owner, count):
+    """The values rank `owner` sends: distinct per rank, so a message from the wrong rank shows."""
+    return owner * 1000.0 + np.arange(count, dtype=np.float64)
+
+
+def torch_mods(ctx):
+    import torch
+    import torch.distributed as dist
+    return torch, dist, ("cuda" if ctx.device == "gpu" else "cpu")
+
+
+# ---------------------------------------------------------------- 1. the chain
+def chain(ctx):
+    """Rank r receives x from r-1, sets x = 2x + r, sends it to r+1. Returns my x."""
+    n, r = ctx.world_size, ctx.rank
+    if ctx.api == "torch":
+        torch, dist, dev = torch_mods(ctx)
+        x = torch.ones(1, dtype=torch.int64, device=dev)
+        if r > 0:
+            dist.recv(x, src=r - 1)          # blocks until rank r-1 has sent
+        x = 2 * x + r
+        if r < n - 1:
+            dist.send(x, dst=r + 1)
+        return int(x.item())
+    if ctx.device == "gpu":
+        import cupy
+        from cupy.cuda import nccl
+        stream = cupy.cuda.get_current_stream()
+        x = cupy.ones(1, dtype=cupy.int64)
+        if r > 0:
+            ctx.nccl.recv(x.data.ptr, 1, nccl.NCCL_INT64, r - 1, stream.ptr)
+        x = 2 * x + r                        # same stream: runs after the receive landed
+        if r < n - 1:
+            ctx.nccl.send(x.data.ptr, 1, nccl.NCCL_INT64, r + 1, stream.ptr)
+        stream.synchronize()                 # nccl is async: wait before the host reads x
+        return int(x.get()[0])
+    x = np.ones(1, dtype=np.int64)
+    if r > 0:
+        ctx.comm.Recv(x, source=r - 1, tag=TAG)
+    x = 2 * x + r
+    if r < n - 1:
+        ctx.comm.Send(x, dest=r + 1, tag=TAG)
+    return int(x[0])
+
+
+# ---------------------------------------------------------------- 2. the deadlock, watched
+def wait_until(done, seconds):
+    """Poll done() until it is true or the deadline passes; True if it completed."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        if done():
+            return True
+        time.sleep(0.002)  # yield the core: on a loaded machine the peers need it
+    return bool(done())
+
+
+def deadlock_mpi(ctx, count, deadline):
+    """Everyone Ssends right first. Returns (stuck, blocked-in text, message arrived, data ok)."""
+    from mpi4py import MPI
+    comm, n, r = ctx.comm, ctx.world_size, ctx.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    buf, got = pattern(r, count), np.empty(count)
+    # comm.Ssend(buf, dest=right) would block here forever; Issend is the same send with a handle
+    req = comm.Issend(buf, dest=right, tag=TAG)
+    stuck = not wait_until(req.Test, deadline)
+    arrived = comm.Iprobe(source=left, tag=TAG)      # the left's message is announced, nobody takes it
+    everyone = comm.allreduce(stuck, op=MPI.LAND)    # safe: the pending send is non-blocking
+    where = (f"comm.Ssend(dest={right}) for {deadline:g} s, never reached comm.Recv(source={left})"
+             if stuck else f"comm.Ssend(dest={right}) completed (unexpected for a synchronous send)")
+    # MPI_Cancel of a send is deprecated (MPI-4) and unreliable; the clean way out is the receive
+    # each rank would have reached, which matches its left neighbour's pending send
+    comm.Recv(got, source=left, tag=TAG)
+    req.Wait()
+    return everyone, where, bool(arrived), bool(np.array_equal(got, pattern(left, count)))
+
+
+def deadlock_torch(ctx, count, deadline):
+    """The same head-to-head over gloo: dist.send is isend().wait(), so poll the isend instead."""
+    torch, dist, _ = torch_mods(ctx)
+    n, r = ctx.world_size, ctx.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    # nccl would hang a GPU stream with no way back; the demo always runs over a gloo group
+    group = dist.new_group(backend="gloo") if ctx.device == "gpu" else None
+    buf, got = torch.from_numpy(pattern(r, count)), torch.empty(count, dtype=torch.float64)
+    work = dist.isend(buf, dst=right, group=group, tag=TAG)   # what dist.send(buf, right) waits on
+    stuck = not wait_until(work.is_completed, deadline)
+    flags = ctx.comm.allgather(stuck)                         # over MPI: gloo is busy with our send
+    where = (f"dist.send(dst={right}) for {deadline:g} s, never reached dist.recv(src={left})"
+             if stuck else f"dist.send(dst={right}) returned: gloo buffered it without a receiver")
+    dist.recv(got, src=left, group=group, tag=TAG)            # the way out: the receive
+    work.wait()
+    return all(flags), where, None, bool(np.array_equal(got.numpy(), pattern(left, count)))
+
+
+# ---------------------------------------------------------------- 3. eager or rendezvous?
+def eager_limit(ctx):
+    """Largest size (bytes) for which a head-to-head plain send completes with no receive posted.
+
+    Each size: start the send (Isend = Send with a handle), give it PROBE_WAIT_S, then post the
+    receive so nothing is left pending. Stop at the first size that did not complete on every rank.
+    """
+    n, r = ctx.world_size, ctx.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    sbuf, rbuf = np.zeros(PROBE_MAX, dtype=np.uint8), np.empty(PROBE_MAX, dtype=np.uint8)
+    limit, size, tried = 0, 1, []
+    if ctx.api == "torch":
+        torch, dist, _ = torch_mods(ctx)
+        group = dist.new_group(backend="gloo") if ctx.device == "gpu" else None
+        sbuf, rbuf = torch.from_numpy(sbuf), torch.from_numpy(rbuf)
+    while size <= PROBE_MAX:
+        if ctx.api == "torch":
+            work = dist.isend(sbuf[:size], dst=right, group=group, tag=TAG)
+            done = wait_until(work.is_completed, PROBE_WAIT_S)
+            dist.recv(rbuf[:size], src=left, group=group, tag=TAG)
+            work.wait()
+        else:
+            req = ctx.comm.Isend(sbuf[:size], dest=right, tag=TAG)
+            done = wait_until(req.Test, PROBE_WAIT_S)
+            ctx.comm.Recv(rbuf[:size], source=left, tag=TAG)
+            req.Wait()
+        tried.append(size)
+        if not all(ctx.comm.allgather(done)):
+            return limit, size, tried
+        limit, size = size, size * 2
+    return limit, None, tried
+
+
+def mpi_library():
+    from mpi4py import MPI
+    return " ".join(MPI.Get_library_version().splitlines()[0].split())
+
+
+# ---------------------------------------------------------------- 4. three fixes
+def parity_mpi(comm, buf, got, left, right):
+    """Even ranks send then receive, odd ranks receive then send: every Ssend meets a Recv."""
+    # >>> exercise: parity_order
+    if comm.rank % 2 == 0:
+        comm.Ssend(buf, dest=right, tag=TAG)
+        comm.Recv(got, source=left, tag=TAG)
+    else:
+        comm.Recv(got, source=left, tag=TAG)
+        comm.Ssend(buf, dest=right, tag=TAG)
+    # <<< exercise: parity_order
+
+
+def fixes_mpi(ctx):
+    """name -> one ring exchange (send right, receive left) that cannot deadlock."""
+    from mpi4py import MPI
+    comm = ctx.comm
+
+    def sendrecv(buf, got, left, right):
+        comm.Sendrecv(buf, dest=right, sendtag=TAG, recvbuf=got, source=left, recvtag=TAG)
+
+    def nonblocking(buf, got, left, right):
+        reqs = [comm.Irecv(got, source=left, tag=TAG), comm.Issend(buf, dest=right, tag=TAG)]
+        MPI.Request.Waitall(reqs)  # both are posted before either must finish
+
+    return {"parity Ssend/Recv": lambda *a: parity_mpi(comm, *a),
+            "Sendrecv": sendrecv, "Isend/Irecv+Waitall": nonblocking}
+
+
+def fixes_nccl(ctx):
+    import cupy
+    from cupy.cuda import nccl
+    comm, stream = ctx.nccl, cupy.cuda.get_current_stream()
+    f64 = nccl.NCCL_FLOAT64
+
+    def parity(buf, got, left, right):
+        n = buf.size
+        if ctx.rank % 2 == 0:
+            comm.send(buf.data.ptr, n, f64, right, stream.ptr)
+            comm.recv(got.data.ptr, n, f64, left, stream.ptr)
+        else:
+            comm.recv(got.data.ptr, n, f64, left, stream.ptr)
+            comm.send(buf.data.ptr, n, f64, right, stream.ptr)
+        stream.synchronize()
+
+    def grouped(buf, got, left, right):
+        nccl.groupStart()  # nccl requires it: a send and a recv issued as one operation
+        comm.send(buf.data.ptr, buf.size, f64, right, stream.ptr)
+        comm.recv(got.data.ptr, got.size, f64, left, stream.ptr)
+        nccl.groupEnd()
+        stream.synchronize()
+
+    return {"parity send/recv": parity, "groupStart/send/recv/groupEnd": grouped}
+
+
+def fixes_torch(ctx):
+    torch, dist, _ = torch_mods(ctx)
+
+    def parity(buf, got, left, right):
+        if ctx.rank % 2 == 0:
+            dist.send(buf, dst=right)
+            dist.recv(got, src=left)
+        else:
+            dist.recv(got, src=left)
+            dist.send(buf, dst=right)
+
+    def batched(buf, got, left, right):
+        ops = [dist.P2POp(dist.isend, buf, right), dist.P2POp(dist.irecv, got, left)]
+        for work in dist.batch_isend_irecv(ops):  # on nccl: one group, as nccl requires
+            work.wait()
+
+    def nonblocking(buf, got, left, right):
+        works = [dist.irecv(got, src=left), dist.isend(buf, dst=right)]
+        for work in works:
+            work.wait()
+
+    fixes = {"parity send/recv": parity, "batch_isend_irecv": batched}
+    if ctx.device != "gpu":  # separate isend/irecv are not grouped: nccl may hang on them
+        fixes["isend/irecv+wait"] = nonblocking
+    return fixes
+
+
+def run_fix(ctx, fix, count, repeat):
+    """Run one fix `repeat` times; return (median seconds, data ok)."""
+    n, r = ctx.world_size, ctx.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    want = pattern(left, count)
+    if ctx.api == "torch":
+        torch, dist, dev = torch_mods(ctx)
+        buf = torch.from_numpy(pattern(r, count)).to(dev)
+        got = torch.full((count,), -1.0, dtype=torch.float64, device=dev)
+        to_host = lambda t: t.cpu().numpy()  # noqa: E731
+        sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    elif ctx.device == "gpu":
+        import cupy
+        buf, got = cupy.asarray(pattern(r, count)), cupy.full(count, -1.0)
+        to_host = cupy.asnumpy
+        sync = lambda: None  # noqa: E731  (the nccl fixes synchronize their stream)
+    else:
+        buf, got = pattern(r, count), np.full(count, -1.0)
+        to_host, sync = np.asarray, (lambda: None)
+    times = []
+    for _ in range(repeat):
+        ctx.comm.Barrier()
+        t0 = time.perf_counter()
+        fix(buf, got, left, right)
+        sync()  # a gpu call returns before its work is done: time the work, not the launch
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), bool(np.array_equal(to_host(got), want))
+
+
+def main():
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--count", type=bootstrap.nonneg_int, default=COUNT,
+                        help=f"float64 values per message (default {COUNT})")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S,
+                        help=f"seconds before an unmatched send counts as deadlocked (default {DEADLINE_S})")
+    parser.add_argument("--repeat", type=bootstrap.nonneg_int, default=REPEAT,
+                        help=f"timed runs of each fix (default {REPEAT})")
+    args, ctx = bootstrap.start(__file__, parser)
+    n, count = ctx.world_size, args.count
+    if n < 2:
+        ctx.fail("needs at least 2 ranks: point-to-point needs a partner (try -n 2)")
+    if not 0 < args.deadline <= 60 or args.repeat < 1:
+        ctx.fail("--deadline must be in (0, 60] seconds and --repeat at least 1")
+    ctx.params = {"count": count, "deadline_s": args.deadline}
+
+    report.section(ctx, "1. a blocking chain 0 -> 1 -> ... : each rank sets x = 2x + rank, passes it on")
+    x = chain(ctx)
+    report.say(ctx, f"x = {x}   (closed form 2^(r+2) - r - 2 = {2 ** (ctx.rank + 2) - ctx.rank - 2})")
+
+    report.section(ctx, f"2. everyone sends right first (synchronous send, {count * 8} B), then receives")
+    if ctx.api == "torch":
+        stuck_all, where, arrived, rescued = deadlock_torch(ctx, count, args.deadline)
+    else:
+        stuck_all, where, arrived, rescued = deadlock_mpi(ctx, count, args.deadline)
+    report.say(ctx, f"blocked in {where}" + ("" if arrived is None else
+                    f"; left's message announced (Iprobe): {arrived}"))
+    if ctx.rank == 0:
+        print("DEADLOCK DETECTED: no rank can proceed, every send waits for a receive nobody posts"
+              if stuck_all else "no deadlock: the sends completed without receivers (buffered)")
+        print("way out: each rank posts the receive it never reached; data received intact: "
+              + ("yes" if ctx.comm.allreduce(rescued) == n else "NO"), flush=True)
+    else:
+        ctx.comm.allreduce(rescued)
+    if ctx.api == "torch" and ctx.rank == 0:
+        print("nccl: a send completes only when its receive runs, so this head-to-head would hang the "
+              "stream; pair them in one group (batch_isend_irecv / groupStart..groupEnd)", flush=True)
+
+    report.section(ctx, "3. eager or rendezvous: largest head-to-head plain send that completes alone")
+    limit, first_blocked, tried = eager_limit(ctx)
+    if ctx.rank == 0:
+        lib = "torch gloo" if ctx.api == "torch" else mpi_library()
+        print(f"{lib}: sends up to {limit} B completed with no receive posted; "
+              + (f"{first_blocked} B waited for the receiver" if first_blocked else
+                 f"every size up to {tried[-1]} B did"))
+        print("this limit differs between MPI libraries, network modules and settings (e.g. UCX_RNDV_THRESH);"
+              "\nthe standard lets any Send block until matched: a program relying on it is erroneous",
+              flush=True)
+
+    report.section(ctx, f"4. three fixes for the ring (send right, receive left), {count} x float64, "
+                        f"median of {args.repeat}")
+    fixes = (fixes_torch(ctx) if ctx.api == "torch" else
+             fixes_nccl(ctx) if ctx.device == "gpu" else fixes_mpi(ctx))
+    rows, ok_all, results = [], True, {}
+    for name, fix in fixes.items():
+        sec, ok = run_fix(ctx, fix, count, args.repeat)
+        secs = ctx.comm.allgather(sec)
+        oks = ctx.comm.allgather(ok)
+        ok_all = ok_all and ok
+        results[name] = max(secs)
+        rows.append([name, count * 8, count, "float64", round(max(secs) * 1e6, 1),
+                     round(count * 8 / max(secs) / 1e9, 3) if max(secs) > 0 else 0.0,
+                     sum(not o for o in oks)])
+    if ctx.rank == 0:
+        print(report.table(["fix", "size B", "count", "type", "time us", "algbw GB/s", "#wrong"], rows))
+        fastest = min(results, key=results.get)
+        print("ratios to the fastest:", ", ".join(f"{k} {v / results[fastest]:.2f}x"
+                                                 for k, v in results.items()), flush=True)
+        print("(timings are noisy on a shared machine; the data check is what matters)", flush=True)
+
+    report.finish(ctx, {"chain_value": x, "deadlock_detected": bool(stuck_all),
+                        "rescued_ok": rescued, "fixes_ok": ok_all, "fixes_run": len(fixes)},
+                  summary={"eager_limit_B": limit, "eager_first_blocked_B": first_blocked,
+                           **{f"fix_time_us[{k}]": round(v * 1e6, 1) for k, v in results.items()}})
+
+
+if __name__ == "__main__":
+    main()
