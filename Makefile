@@ -11,7 +11,7 @@ LESSON ?=
 
 RUN_FLAGS = $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-.PHONY: help setup check test clean
+.PHONY: help setup check check-mine test clean
 .DEFAULT_GOAL := help
 
 help:  ## list the targets
@@ -30,6 +30,9 @@ lesson-%: $(STAMP)  ## run one lesson: make lesson-05 NP=4 API=torch DEVICE=cpu 
 
 check: $(STAMP)  ## every lesson x every NP in its YAML check list x every API
 	bin/tutor check
+
+check-mine: $(STAMP)  ## check your practice copy: make check-mine LESSON=05 [NP=4]
+	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API))
 
 test: $(STAMP)  ## the test suite (unit, runner, real mpiexec runs)
 	$(PY) -m pytest -q

@@ -74,24 +74,32 @@ def run_checks(expect, doc):
     """[{name, ok, got, want}] for every check that applies to this results document."""
     out = []
     for check in expect:
-        if "when" in check and not expr.evaluate(check["when"], names_for(doc)):
-            continue
-        op = next(k for k in OPS if k in check)
-        raw = check[op]
-        picked = select(doc, check["value"])
-        bad, wants, gots = [], [], []
-        for label, got, item in picked:
-            want = expr.evaluate(raw, names_for(doc, item)) if isinstance(raw, str) else raw
-            wants.append(want)
-            gots.append("missing" if got is MISSING else got)
-            if not compare(got, op, want, check.get("rtol", 0.0), check.get("atol", 0.0)):
-                bad.append(f"{label}: {'missing' if got is MISSING else got}" if label else
-                           ("missing" if got is MISSING else got))
-        ok = bool(picked) and not bad
-        tol = "".join(f" ({k} {check[k]})" for k in ("rtol", "atol") if k in check)
-        out.append({"name": check["name"], "ok": ok, "got": _summarise(gots) if ok or not bad else bad,
-                    "want": f"{OPS[op]} {_summarise(wants)}{tol}"})
+        try:
+            out += _one_check(check, doc)
+        except (expr.ExprError, ArithmeticError, TypeError) as exc:  # a YAML bug: fail, don't crash
+            out.append({"name": check["name"], "ok": False, "got": f"error: {exc}", "want": "a valid check"})
     return out
+
+
+def _one_check(check, doc):
+    """[] when the check's `when` does not hold, else [one {name, ok, got, want}]."""
+    if "when" in check and not expr.evaluate(check["when"], names_for(doc)):
+        return []
+    op = next(k for k in OPS if k in check)
+    raw = check[op]
+    picked = select(doc, check["value"])
+    bad, wants, gots = [], [], []
+    for label, got, item in picked:
+        want = expr.evaluate(raw, names_for(doc, item)) if isinstance(raw, str) else raw
+        shown = "missing" if got is MISSING else got
+        wants.append(want)
+        gots.append(shown)
+        if not compare(got, op, want, check.get("rtol", 0.0), check.get("atol", 0.0)):
+            bad.append(f"{label}: {shown}" if label else shown)
+    ok = bool(picked) and not bad
+    tol = "".join(f" ({k} {check[k]})" for k in ("rtol", "atol") if k in check)
+    return [{"name": check["name"], "ok": ok, "got": bad if bad else _summarise(gots),
+             "want": f"{OPS[op]} {_summarise(wants)}{tol}"}]
 
 
 def _summarise(values):

@@ -11,6 +11,9 @@ What to watch for:
 Run it:
   make lesson-00 NP=4                       (or API=torch)
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/00_hello.py --api mpi4py
+
+Practice it: `bin/tutor practice 00` writes practice/00_hello.py with split_in_halves left for you;
+`bin/tutor check 00 --mine` checks your copy, `bin/tutor hint 00` helps.
 """
 import os
 import sys
@@ -47,6 +50,8 @@ def allreduce_sum(ctx, value, group=None):
 
 def split_in_halves(ctx, half):
     """A communicator for my half of the world, in the chosen API's own terms."""
+    # half 0 is ranks 0..ceil(N/2)-1; torch returns (its group, []), MPI leaves its communicator in `sub`
+    # >>> exercise: split_in_halves
     lower = list(range((ctx.world_size + 1) // 2))
     upper = list(range(len(lower), ctx.world_size))
     if ctx.api == "torch":
@@ -55,6 +60,7 @@ def split_in_halves(ctx, half):
         groups = [dist.new_group(ranks=lower), dist.new_group(ranks=upper) if upper else None]
         return groups[half], []
     sub = ctx.comm.Split(color=half, key=ctx.rank)  # an MPI communicator per color
+    # <<< exercise: split_in_halves
     if ctx.device != "gpu":
         return sub, []
     steps = []

@@ -57,3 +57,8 @@ def test_when_skips_checks_that_do_not_apply():
 def test_no_items_is_a_failure_not_a_pass():
     empty = {**DOC, "ranks": []}
     assert not run_checks([{"name": "c", "value": "ranks[*].err", "le": 1}], empty)[0]["ok"]
+
+
+def test_a_check_whose_expression_cannot_be_evaluated_fails_instead_of_crashing():
+    result = run_checks([{"name": "c", "value": "summary.ratio", "ge": 0, "when": "race == 1"}], DOC)[0]
+    assert not result["ok"] and "unknown name 'race'" in result["got"]

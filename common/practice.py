@@ -1,0 +1,149 @@
+"""Practice: the learner's copy of a lesson (practice/, git-ignored), progress, hints, the answer.
+
+Progress is one small file, .tutor/progress.json (git-ignored), written atomically (temp + rename):
+    {"05_ring_allreduce": {"state": "in progress" | "passed", "hints": 2}}
+"""
+import json
+import os
+import tempfile
+
+from common.catalog import ROOT
+from common.exercise import MARK, PracticeError, find_regions, make_stub
+
+
+def practice_dir():
+    return os.environ.get("TUTOR_PRACTICE") or os.path.join(ROOT, "practice")
+
+
+def copy_path(lesson):
+    return os.path.join(practice_dir(), lesson.name + ".py")
+
+
+def _atomic_write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix="." + os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_copy(lesson, force=False):
+    """Write practice/NN_name.py from the lesson; never over the learner's work unless `force`.
+    Returns (path, regions, backup path or None)."""
+    with open(lesson.path) as f:
+        text = f.read()
+    regions = find_regions(text, os.path.relpath(lesson.path))
+    if not regions:
+        raise PracticeError(f"{lesson.name} has no exercise yet (no `# >>> exercise:` markers)")
+    path, backup = copy_path(lesson), None
+    if os.path.exists(path):
+        if not force:
+            raise PracticeError(f"{os.path.relpath(path)} exists (your work): edit it, or start over with "
+                                f"`bin/tutor practice {lesson.id} --force`")
+        backup = path + ".bak"
+        os.replace(path, backup)
+    _atomic_write(path, make_stub(text, lesson.id, os.path.relpath(lesson.path)))
+    update(lesson, state="in progress")
+    return path, regions, backup
+
+
+def progress_path():
+    """.tutor/progress.json; another lessons folder ($TUTOR_LESSONS, the tests') keeps its own file."""
+    other = os.environ.get("TUTOR_LESSONS")
+    name = f"progress-{os.path.basename(os.path.normpath(other))}.json" if other else "progress.json"
+    return os.path.join(os.environ.get("TUTOR_STATE") or os.path.join(ROOT, ".tutor"), name)
+
+
+def load_progress():
+    try:
+        with open(progress_path()) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # no file yet, or damaged by hand: start afresh rather than crash
+
+
+def update(lesson, **fields):
+    data = load_progress()
+    data.setdefault(lesson.name, {}).update(fields)
+    _atomic_write(progress_path(), json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data[lesson.name]
+
+
+def state(lesson):
+    """'passed', 'in progress' or 'not started' ('' when the lesson has no exercise)."""
+    saved = load_progress().get(lesson.name, {}).get("state")
+    if saved == "passed":
+        return saved
+    if saved or os.path.exists(copy_path(lesson)):
+        return "in progress"
+    with open(lesson.path) as f:
+        return "not started" if any(MARK.match(line) for line in f) else ""
+
+
+def next_hint(lesson):
+    """(hints shown so far, total): each call reveals one more, up to all of them."""
+    hints = lesson.meta.get("hint") or []
+    hints = [hints] if isinstance(hints, str) else list(hints)
+    shown = min(load_progress().get(lesson.name, {}).get("hints", 0) + 1, len(hints))
+    if hints:
+        update(lesson, hints=shown)
+    return [h.rstrip() for h in hints[:shown]], len(hints)
+
+
+def solution(lesson, force=False):
+    """The reference regions, as text, once the learner has passed (or with force)."""
+    if not force and state(lesson) != "passed":
+        raise PracticeError(f"solve it first (`bin/tutor check {lesson.id} --mine`), or peek with "
+                            f"`bin/tutor solution {lesson.id} --force`")
+    with open(lesson.path) as f:
+        text = f.read()
+    lines = text.splitlines()
+    parts = []
+    for r in find_regions(text, os.path.relpath(lesson.path)):
+        parts.append(f"# exercise {r.name}: {os.path.relpath(lesson.path)}:{r.begin + 1}-{r.end - 1}")
+        parts += r.body(lines) + [""]
+    if not parts:
+        raise PracticeError(f"{lesson.name} has no exercise yet")
+    return "\n".join(parts)
+
+
+STATE_MARK = {"passed": "✓ passed", "in progress": "in progress", "not started": "not started", "": ""}
+
+
+def mine_or_fail(lesson):
+    """The learner's copy of `lesson`, or PracticeError saying how to make one."""
+    path = copy_path(lesson)
+    if not os.path.exists(path):
+        raise PracticeError(f"no practice copy of {lesson.name} yet: run `bin/tutor practice {lesson.id}`")
+    return path
+
+
+def welcome(lesson, path, regions, backup):
+    lines = [f"wrote {os.path.relpath(path)}" + (f" (your old copy is {os.path.relpath(backup)})"
+                                                 if backup else "")]
+    with open(path) as f:
+        mine = {r.name: r for r in find_regions(f.read())}
+    for r in regions:
+        m = mine[r.name]
+        lines.append(f"  exercise {r.name}: {os.path.relpath(path)}:{m.begin + 1} (between the markers)")
+    lines += [f"next: edit it, then `bin/tutor check {lesson.id} --mine`; stuck? `bin/tutor hint {lesson.id}`"]
+    return "\n".join(lines)
+
+
+def record(lesson, passed, full):
+    """Save the outcome of `check --mine`; return one line saying where the learner stands."""
+    if passed and full:
+        update(lesson, state="passed")
+        return (f"✓ {lesson.name}: your code passes every check. `bin/tutor solution {lesson.id}` shows "
+                "the reference to compare with.")
+    if state(lesson) != "passed":
+        update(lesson, state="in progress")
+    if passed:
+        return (f"{lesson.name}: passed this NP/API; `bin/tutor check {lesson.id} --mine` runs them all "
+                "and marks it passed")
+    return f"✗ {lesson.name}: not yet. Edit {os.path.relpath(copy_path(lesson))}; `bin/tutor hint {lesson.id}` helps"

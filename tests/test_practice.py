@@ -1,0 +1,227 @@
+"""Practice mode: exercise regions, stubs, the learner's copy, progress, hints, and the answer-key proof.
+
+The answer-key proof (last tests) runs every lesson in lessons/ that marks an exercise: for each NP in
+its YAML check list, the generated stub must fail a check or crash, and the lesson itself must pass.
+To keep `make test` reasonable both run on the mpi4py API only, with the YAML's `args:` (the torch path
+of each lesson is covered by the real-run tests).
+"""
+import json
+import os
+import textwrap
+
+import pytest
+
+from common import catalog, exercise, launch, practice, runner
+from conftest import FIXTURES, ROOT, tutor
+
+PRACTICE_FIXTURES = os.path.join(FIXTURES, "exercise_lessons")  # .gitignore hides "practice/"
+
+SOURCE = textwrap.dedent('''\
+    def f(x):
+        y = 1
+        # >>> exercise: first
+        y = x + 1
+        z = y * 2
+        # <<< exercise: first
+        if x:
+            # >>> exercise: second
+            return z
+            # <<< exercise: second
+        return y
+''')
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """Practice copies and progress in a temp folder; the copies import common/ via PYTHONPATH."""
+    monkeypatch.setenv("TUTOR_PRACTICE", str(tmp_path / "practice"))
+    monkeypatch.setenv("TUTOR_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("TUTOR_LESSONS", PRACTICE_FIXTURES)
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    return tmp_path
+
+
+# ---- regions and stubs -------------------------------------------------------------------------
+
+def test_find_regions_names_lines_and_indent():
+    regions = exercise.find_regions(SOURCE)
+    assert [(r.name, r.begin, r.end, r.indent) for r in regions] == [
+        ("first", 3, 6, "    "), ("second", 8, 10, "        ")]
+    assert regions[0].body(SOURCE.splitlines()) == ["    y = x + 1", "    z = y * 2"]
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("    # >>> exercise: a\n    x = 1\n", "never closed"),
+    ("    # >>> exercise: a\n    x = 1\n    # <<< exercise: b\n", "does not close"),
+    ("    # >>> exercise: a\n    x = 1\n  # <<< exercise: a\n", "same indentation"),
+    ("    # >>> exercise: a\n    # >>> exercise: b\n", "starts inside"),
+    ("    # >>> exercise: a\n    # <<< exercise: a\n", "no code"),
+    ("    # >>> exercise: a\n    x\n    # <<< exercise: a\n    # >>> exercise: a\n    y\n"
+     "    # <<< exercise: a\n", "marked twice"),
+])
+def test_find_regions_rejects_malformed_markers(text, complaint):
+    with pytest.raises(practice.PracticeError, match=complaint):
+        exercise.find_regions(text, "x.py")
+
+
+def test_stub_keeps_markers_and_fails_loudly():
+    stub = exercise.make_stub(SOURCE, "07")
+    assert "y = x + 1" not in stub and "return z" not in stub
+    assert stub.count("# >>> exercise:") == 2 and stub.count("bin/tutor hint 07") == 2
+    assert [r.name for r in exercise.find_regions(stub)] == ["first", "second"]  # the copy re-parses
+    space = {}
+    exec(compile(stub, "stub.py", "exec"), space)
+    with pytest.raises(NotImplementedError, match="exercise first"):
+        space["f"](0)
+    assert exercise.make_stub("x = 1\n") == "x = 1\n"
+
+
+# ---- the learner's copy, progress, hints, solution ---------------------------------------------
+
+def test_copy_is_never_overwritten_without_force(sandbox):
+    lesson = catalog.resolve("01")
+    path, regions, backup = practice.write_copy(lesson)
+    assert [r.name for r in regions] == ["allreduce"] and backup is None
+    with open(path, "a") as f:
+        f.write("# my work\n")
+    with pytest.raises(practice.PracticeError, match="--force"):
+        practice.write_copy(lesson)
+    assert open(path).read().endswith("# my work\n")
+    path, _, backup = practice.write_copy(lesson, force=True)
+    assert open(backup).read().endswith("# my work\n") and "# my work" not in open(path).read()
+    assert practice.state(lesson) == "in progress"
+
+
+def test_progress_write_is_atomic(sandbox, monkeypatch):
+    lesson = catalog.resolve("01")
+    practice.update(lesson, state="in progress")
+    before = open(practice.progress_path()).read()
+
+    def crash(src, dst):
+        raise OSError("disk full")
+    with monkeypatch.context() as m:
+        m.setattr(practice.os, "replace", crash)
+        with pytest.raises(OSError):
+            practice.update(lesson, state="passed")
+    path = practice.progress_path()
+    assert open(path).read() == before  # the old file, whole
+    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]  # no temp file left behind
+    with open(practice.progress_path(), "w") as f:
+        f.write("{half a file")
+    assert practice.load_progress() == {}  # a damaged file reads as a fresh start, not a crash
+
+
+def test_hints_come_one_at_a_time_and_are_remembered(sandbox):
+    lesson = catalog.resolve("01")
+    assert practice.next_hint(lesson) == (["use an all-reduce"], 2)
+    assert practice.next_hint(lesson)[0] == ["use an all-reduce", "comm.allreduce(rank + 1, op=MPI.SUM)"]
+    assert len(practice.next_hint(lesson)[0]) == 2  # stays at all of them
+    assert json.load(open(practice.progress_path()))["01_sum"]["hints"] == 2
+
+
+def test_solution_waits_for_a_full_pass(sandbox):
+    lesson = catalog.resolve("01")
+    assert practice.state(lesson) == "not started"
+    with pytest.raises(practice.PracticeError, match="solve it first"):
+        practice.solution(lesson)
+    assert "op=MPI.SUM" in practice.solution(lesson, force=True)
+    practice.record(lesson, passed=True, full=False)  # one NP only: not yet
+    assert practice.state(lesson) == "in progress"
+    practice.record(lesson, passed=True, full=True)
+    assert practice.state(lesson) == "passed"
+    assert "value = ctx.comm.allreduce(ctx.rank + 1, op=MPI.SUM)" in practice.solution(lesson)
+
+
+def test_unfinished_names_the_exercise_and_where(sandbox):
+    lesson = catalog.resolve("01")
+    path, _, _ = practice.write_copy(lesson)
+    out = launch.Outcome(rc=1, seconds=0.1, errors={
+        0: f"NotImplementedError: exercise allreduce: not done yet ({os.path.relpath(path)}:13)"})
+    lines = exercise.explain(lesson, out, None, path, runner.explain(lesson, out, None))
+    assert lines == [f"exercise 'allreduce' is not done yet: replace the TODO and the `raise "
+                     f"NotImplementedError` at {os.path.relpath(path)}:12-13 with your code"]
+
+
+# ---- the whole loop, as a learner types it -----------------------------------------------------
+
+def test_practice_check_fix_pass_list(sandbox):
+    env = dict(os.environ)
+    first = tutor("practice", "01", env=env)
+    assert first.returncode == 0 and "exercise allreduce" in first.stdout, first.stderr
+    assert tutor("practice", "01", env=env).returncode == 2
+    stub = tutor("check", "01", "--mine", env=env)
+    assert stub.returncode == 1
+    assert "exercise 'allreduce' is not done yet" in stub.stderr and "01_sum.py:12-13" in stub.stderr, stub.stderr
+    assert "in progress" in tutor("list", env=env).stdout
+    assert tutor("solution", "01", env=env).returncode == 2
+    path = os.path.join(sandbox, "practice", "01_sum.py")
+    mine = open(path).read()
+    wrong = mine.replace('raise NotImplementedError("exercise allreduce: not done yet")',
+                         "value = ctx.comm.allreduce(ctx.rank, op=MPI.SUM)")
+    open(path, "w").write(wrong)
+    off = tutor("check", "01", "--mine", env=env)
+    assert off.returncode == 1 and 'check failed: "sum of rank+1 is N(N+1)/2"' in off.stderr, off.stderr
+    open(path, "w").write(wrong.replace("ctx.rank, op", "ctx.rank + 1, op"))
+    good = tutor("check", "01", "--mine", env=env)
+    assert good.returncode == 0 and "passes every check" in good.stdout, good.stdout + good.stderr
+    assert "✓ passed" in tutor("list", env=env).stdout
+    assert "op=MPI.SUM" in tutor("solution", "01", env=env).stdout
+
+
+# ---- the answer-key proof ----------------------------------------------------------------------
+
+def answer_key(lesson, np, stub_path):
+    """(stub_reason, reference_reason): why the stub did not pass (None if it passed), and why the
+    lesson did not pass (None if it passed). mpi4py, CPU, the YAML's args."""
+    with open(lesson.path) as f:
+        source = f.read()
+    with open(stub_path, "w") as f:
+        f.write(exercise.make_stub(source, lesson.id))
+    api = "mpi4py" if "mpi4py" in lesson.meta["apis"] else lesson.meta["apis"][0]
+    reasons = []
+    for script in (stub_path, None):
+        outcome, checks = runner.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []),
+                                            echo=False, script=script)
+        why = exercise.explain(lesson, outcome, checks, script or lesson.path,
+                               runner.explain(lesson, outcome, checks))
+        reasons.append(None if runner.ok(outcome, checks) else "; ".join(why) or f"exit {outcome.rc}")
+    return reasons
+
+
+def test_answer_key_catches_a_stub_that_passes_by_accident(sandbox):
+    lesson = catalog.resolve("02")
+    stub_reason, ref_reason = answer_key(lesson, 2, os.path.join(sandbox, "02_swallow.py"))
+    assert stub_reason is None and ref_reason is None  # the proof below would flag this lesson
+    stub_reason, ref_reason = answer_key(catalog.resolve("01"), 2, os.path.join(sandbox, "01_sum.py"))
+    assert "exercise 'allreduce' is not done yet" in stub_reason and ref_reason is None
+
+
+def _lesson_cases():
+    folder = os.path.join(ROOT, "lessons")
+    cases = []
+    for lesson in catalog.lessons(folder):
+        with open(lesson.path) as f:
+            if not any(exercise.MARK.match(line) for line in f):
+                continue
+        try:
+            lesson = catalog.resolve(lesson.name, folder)
+        except catalog.CatalogError as exc:
+            cases.append(pytest.param(lesson, 0, marks=pytest.mark.skip(reason=str(exc)), id=lesson.name))
+            continue
+        for np in lesson.meta["np"]["check"]:
+            marks = [pytest.mark.skip(reason="needs a GPU")] if lesson.needs_gpu else []
+            cases.append(pytest.param(lesson, np, marks=marks, id=f"{lesson.name}-np{np}"))
+    return cases
+
+
+@pytest.mark.parametrize("lesson, np", _lesson_cases())
+def test_answer_key_stub_fails_reference_passes(lesson, np, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", ROOT)  # the stub lives in tmp_path, away from common/
+    monkeypatch.delenv("TUTOR_LESSONS", raising=False)
+    stub_reason, ref_reason = answer_key(lesson, np, str(tmp_path / os.path.basename(lesson.path)))
+    with capsys.disabled():
+        shown = (stub_reason or "").replace(os.path.relpath(str(tmp_path)) + os.sep, "")
+        print(f"\n  answer key {lesson.name} np={np}: stub fails: {shown or 'NOTHING, it passed'}", end="")
+    assert stub_reason, f"{lesson.name} np={np}: the stub PASSED every check: an exercise region does not " \
+                        "guard what the checks test (or an except swallows NotImplementedError)"
+    assert ref_reason is None, f"{lesson.name} np={np}: the reference failed: {ref_reason}"
