@@ -1,0 +1,137 @@
+"""Bandwidth the way nccl-tests reports it: algbw, busbw, size sweeps, a timing loop, charts.
+
+    algbw = bytes / time                     (GB/s, GB = 1e9: what the caller saw)
+    busbw = algbw * factor(op, n)            (what each link carried; comparable across n)
+    factor: all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
+            broadcast, reduce, sendrecv 1.
+
+    sizes("8", "128M", 2)   -> [8, 16, ..., 134217728]   (like nccl-tests' -b 8 -e 128M -f 2)
+    seconds = time_op(comm, fn, warmup=5, iters=20)      (collective: the slowest rank's mean)
+"""
+import time
+
+FACTORS = {  # op -> (busbw factor as a function of n, the formula in words)
+    "allreduce": (lambda n: 2 * (n - 1) / n, "2(n-1)/n"),
+    "allgather": (lambda n: (n - 1) / n, "(n-1)/n"),
+    "reducescatter": (lambda n: (n - 1) / n, "(n-1)/n"),
+    "alltoall": (lambda n: (n - 1) / n, "(n-1)/n"),
+    "broadcast": (lambda n: 1.0, "1"),
+    "reduce": (lambda n: 1.0, "1"),
+    "sendrecv": (lambda n: 1.0, "1"),
+}
+UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024 ** 2, "MB": 1024 ** 2, "G": 1024 ** 3, "GB": 1024 ** 3}
+
+
+def factor(op, n):
+    if op not in FACTORS:
+        raise ValueError(f"unknown op {op!r}; one of {', '.join(FACTORS)}")
+    if n < 1:
+        raise ValueError(f"ranks must be >= 1, got {n}")
+    return FACTORS[op][0](n)
+
+
+def algbw(nbytes, seconds):
+    """GB/s (1e9) for nbytes moved in `seconds`; 0 when nothing was timed."""
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def busbw(op, nbytes, seconds, n):
+    return algbw(nbytes, seconds) * factor(op, n)
+
+
+def parse_size(text):
+    """'8' -> 8, '64K' -> 65536, '128M' -> 134217728 (binary units, as nccl-tests reads them)."""
+    s = str(text).strip().upper()
+    digits = s.rstrip("BKMG")
+    unit = s[len(digits):]
+    if not digits.isdigit() or unit not in UNITS:
+        raise ValueError(f"bad size {text!r}: use a whole number with an optional K, M or G")
+    return int(digits) * UNITS[unit]
+
+
+def sizes(begin, end, mult):
+    """Byte sizes begin, begin*mult, ... up to end (inclusive), like -b/-e/-f."""
+    b, e = parse_size(begin), parse_size(end)
+    if b < 1 or e < b:
+        raise ValueError(f"need 1 <= -b <= -e, got -b {b} -e {e}")
+    if int(mult) < 2:
+        raise ValueError(f"-f must be >= 2, got {mult}")
+    out = [b]
+    while out[-1] * int(mult) <= e:
+        out.append(out[-1] * int(mult))
+    return out
+
+
+def human(nbytes):
+    for unit, scale in (("G", 1024 ** 3), ("M", 1024 ** 2), ("K", 1024)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def time_op(comm, fn, warmup, iters, sync=None):
+    """Seconds per call of fn(): warm-up calls, a barrier, `iters` timed calls, this rank's mean,
+    then the slowest rank's mean (MAX all-reduce over MPI comm). Collective over comm."""
+    from mpi4py import MPI
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if sync:
+        sync()  # gpu work is async: the clock stops only when it is done
+    mean = (time.perf_counter() - t0) / max(iters, 1)
+    return comm.allreduce(mean, op=MPI.MAX)
+
+
+def explain(op, nbytes, time_us, n):
+    """The arithmetic behind one nccl-tests line, spelled out (for `bin/tutor busbw`)."""
+    f = factor(op, n)
+    if nbytes < 0 or time_us <= 0:
+        raise ValueError("need --bytes >= 0 and --time-us > 0")
+    alg = algbw(nbytes, time_us * 1e-6)
+    return "\n".join([
+        f"op {op}, {n} ranks, {nbytes} B in {time_us:g} us",
+        f"algbw = bytes / time = {nbytes} B / {time_us:g} us = {alg:.4g} GB/s   (GB = 1e9 B)",
+        f"busbw = algbw * {FACTORS[op][1]} = {alg:.4g} * {f:.4g} = {alg * f:.4g} GB/s",
+        "busbw is what each rank's link carried; it stays comparable as n grows, algbw does not"
+        + (" (n = 1: no link is used, the factor is 0)" if f == 0 else ""),
+    ])
+
+
+def chart(sizes_b, series, width=40):
+    """A terminal bar chart of busbw vs size: series = {label: [GB/s per size]}, one bar each."""
+    marks = "#=*+"
+    top = max([v for vals in series.values() for v in vals] + [1e-12])
+    lines = [f"busbw GB/s, full bar = {top:.3g}   " +
+             "   ".join(f"{marks[i % 4]} {label}" for i, label in enumerate(series))]
+    for j, size in enumerate(sizes_b):
+        for i, (label, vals) in enumerate(series.items()):
+            bar = marks[i % 4] * int(round(width * vals[j] / top))
+            lines.append(f"{human(size) if i == 0 else '':>6} |{bar} {vals[j]:.3g}")
+    return "\n".join(lines)
+
+
+def save_png(path, sizes_b, series, title):
+    """A log-x PNG of busbw vs size; returns a line saying what happened (matplotlib is optional)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"no PNG: matplotlib is not installed (.venv/bin/pip install matplotlib), not writing {path}"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, vals in series.items():
+        ax.plot(sizes_b, vals, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return f"wrote {path}"

@@ -1,0 +1,368 @@
+"""Lesson 05 — the ring all-reduce by hand: reduce-scatter, then all-gather, neighbours only.
+
+The idea: cut the buffer into N chunks. Each rank talks only to its neighbours: it sends to the
+right (rank+1) and receives from the left (rank-1).
+  * reduce-scatter, N-1 steps: at step s rank r sends chunk (r-s) mod N and adds the chunk
+    (r-s-1) mod N that arrives from the left to its own. After N-1 steps rank r holds the full
+    sum of chunk (r+1) mod N.
+  * all-gather, N-1 more steps: the finished chunks travel once around the ring, overwriting.
+So 2(N-1) steps, and each rank sends every chunk but one in each phase: about 2(N-1)/N of the
+buffer, whatever N is. That is why busbw = algbw * 2(N-1)/N, and why the ring is bandwidth-optimal.
+
+What to watch for:
+  * section 1 runs the ring on several counts (0, 1, N-1, 7, 1000003 by default: counts N does not
+    divide, and counts smaller than N, give uneven and empty chunks) and compares each result with
+    the library's all-reduce on the same data. Integers must match exactly. Floats may differ in
+    the last bits: the ring adds the N pieces of chunk j in ring order, the library in its own
+    order, and float addition is not associative (error <= (N-1)*eps*sum|x|, shown).
+  * the runner then grades the algorithm, not only the sum: steps = 2(N-1), every message goes to
+    rank+1, and the bytes each rank sent equal the exact sum of the chunks it sent (closed form).
+  * --trace draws the whiteboard: rank 0's data is A, rank 1's B, ...; `A1+C1` is chunk 1 summed
+    over ranks A and C so far. NP <= 8.
+  * section 2 races the ring against the library (MPI_Allreduce, gloo or NCCL all-reduce) with
+    nccl-tests' columns; section 3 measures one step's latency to show where the ring loses:
+    small messages pay 2(N-1) latencies. --bench runs the full sweep (-b 8 -e 128M -f 2).
+
+Run it:
+  make lesson-05 NP=4                   (API=torch; ARGS="--trace"; ARGS="--dtype int32 --counts 5,9")
+  .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/05_ring_allreduce.py --api mpi4py
+The full race is a benchmark (minutes on a small machine): run it raw, or give bin/tutor a --timeout:
+  .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/05_ring_allreduce.py --bench --csv r.csv
+  (--plot r.png needs matplotlib; --json PATH keeps every row; -b/-e/-f/-n/-w as in nccl-tests)
+Read any nccl-tests line:  bin/tutor busbw --op allreduce --bytes B --time-us T --ranks N
+"""
+import argparse
+import os
+import sys
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np  # noqa: E402
+
+from common import bandwidth, bootstrap, buffers, report, shards  # noqa: E402
+
+DTYPES = ("float32", "float64", "int32")
+EPS = {"float32": 1.2e-7, "float64": 2.3e-16, "int32": 0.0}  # machine epsilon (ints: exact)
+SEED = 5                   # rank r's data comes from seed SEED + r
+TRACE_MAX_NP = 8           # letters A..H on the whiteboard
+RACE = dict(begin="8", end="16M", mult=8, iters=5, warmup=2)        # default run: a short race
+LIBRARY = {"mpi": "MPI_Allreduce", "gloo": "gloo all_reduce", "nccl": "ncclAllReduce"}  # who we race
+BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)     # --bench: nccl-tests' defaults
+
+
+def count_list(text):
+    try:
+        counts = [bootstrap.nonneg_int(c) for c in text.split(",") if c.strip()]
+    except Exception as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not counts:
+        raise argparse.ArgumentTypeError("--counts needs at least one count")
+    return counts
+
+
+def ring_schedule(rank, n):
+    """[(phase, step, chunk I send right, chunk I receive from the left)] for rank `rank` of n."""
+    steps = []
+    # >>> exercise: schedule
+    for s in range(n - 1):  # reduce-scatter: pass partial sums along, adding as they arrive
+        steps.append(("reduce-scatter", s, (rank - s) % n, (rank - s - 1) % n))
+    for s in range(n - 1):  # all-gather: rank r finished chunk r+1; pass finished chunks along
+        steps.append(("all-gather", n - 1 + s, (rank + 1 - s) % n, (rank - s) % n))
+    # <<< exercise: schedule
+    return steps
+
+
+def ring_allreduce(buf, scratch, bounds, rank, n, exchange, add, after_step=None):
+    """In place: buf becomes the sum over ranks. Works on NumPy, CuPy, torch (and the whiteboard)."""
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for phase, step, send, recv in ring_schedule(rank, n):
+        (a, b), (c, d) = bounds[send], bounds[recv]
+        # >>> exercise: step
+        if phase == "reduce-scatter":
+            exchange(buf[a:b], scratch[:d - c], right, left)
+            add(buf[c:d], scratch[:d - c])  # my partial sum of chunk `recv` plus the left's
+        else:
+            exchange(buf[a:b], buf[c:d], right, left)  # a finished chunk: overwrite, no add
+        # <<< exercise: step
+        if after_step:
+            after_step(phase, step, send, recv)
+
+
+# one neighbour exchange per API: send `out` to the right, receive `into` from the left, both at once
+def mpi_backend(ctx):
+    from mpi4py import MPI
+
+    def exchange(out, into, right, left):
+        ctx.comm.Sendrecv(out, dest=right, recvbuf=into, source=left)
+
+    def allreduce(buf):  # the library, in place
+        ctx.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    return types.SimpleNamespace(exchange=exchange, allreduce=allreduce, sync=None)
+
+
+def nccl_backend(ctx):
+    import cupy
+    from cupy.cuda import nccl
+    stream = cupy.cuda.get_current_stream()
+
+    def exchange(out, into, right, left):
+        nccl.groupStart()  # grouped: send and recv progress together, so neither blocks the other
+        if out.size:
+            ctx.nccl.send(out.data.ptr, out.size, buffers.nccl_dtype(out), right, stream.ptr)
+        if into.size:
+            ctx.nccl.recv(into.data.ptr, into.size, buffers.nccl_dtype(into), left, stream.ptr)
+        nccl.groupEnd()
+
+    def allreduce(buf):
+        ctx.nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, buffers.nccl_dtype(buf), nccl.NCCL_SUM,
+                           stream.ptr)
+    return types.SimpleNamespace(exchange=exchange, allreduce=allreduce, sync=stream.synchronize)
+
+
+def torch_backend(ctx):
+    import torch
+    import torch.distributed as dist
+
+    def exchange(out, into, right, left):
+        ops = []  # empty chunks (count < N) are skipped on both sides: gloo rejects empty tensors
+        if out.numel():
+            ops.append(dist.P2POp(dist.isend, out, right))
+        if into.numel():
+            ops.append(dist.P2POp(dist.irecv, into, left))
+        for req in dist.batch_isend_irecv(ops) if ops else []:
+            req.wait()
+
+    def allreduce(buf):
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    sync = None
+    if ctx.device == "gpu":
+        sync = torch.cuda.synchronize
+        dist.all_reduce(torch.zeros(1, device="cuda"))  # nccl: let every rank join before any p2p batch
+    return types.SimpleNamespace(exchange=exchange, allreduce=allreduce, sync=sync)
+
+
+def make_backend(ctx):
+    if ctx.api == "torch":
+        return torch_backend(ctx)
+    return nccl_backend(ctx) if ctx.device == "gpu" else mpi_backend(ctx)
+
+
+def nbytes(x):
+    return x.numel() * x.element_size() if hasattr(x, "numel") else x.nbytes
+
+
+class Tally:
+    """Wraps an exchange and counts what this rank did: steps, bytes sent, to whom."""
+
+    def __init__(self, exchange):
+        self.exchange, self.steps, self.bytes_sent, self.dests = exchange, 0, 0, set()
+
+    def __call__(self, out, into, right, left):
+        self.steps += 1
+        self.bytes_sent += nbytes(out)
+        self.dests.add(right)
+        self.exchange(out, into, right, left)
+
+
+def inplace_add(dst, src):
+    dst += src  # numpy, cupy and torch all add in place into the view
+
+
+def rank_data(rank, count, dtype, small_ints=False):
+    """Rank r's buffer: floats in [0, 1) (so the sum is also the sum of |x|), ints in [-1000, 1000);
+    small_ints: 0..7 in any dtype, so every sum is exact whatever the order of additions."""
+    rng = np.random.default_rng(SEED + rank)
+    if small_ints:
+        return rng.integers(0, 8, count).astype(dtype)
+    if dtype == "int32":
+        return rng.integers(-1000, 1000, count).astype(dtype)
+    return rng.random(count).astype(dtype)
+
+
+def check_counts(ctx, args, be):
+    """Section 1: the ring vs the library on every count; per-count values for the runner."""
+    n, rank, runs, rows = ctx.world_size, ctx.rank, [], []
+    for count in args.counts:
+        x = rank_data(rank, count, args.dtype)
+        bounds = shards.chunk_bounds(count, n)
+        ring = buffers.on_device(ctx, x.copy())
+        lib = buffers.on_device(ctx, x.copy())
+        scratch = buffers.empty(ctx, max(b - a for a, b in bounds), args.dtype)
+        tally = Tally(be.exchange)
+        ring_allreduce(ring, scratch, bounds, rank, n, tally, inplace_add)
+        be.allreduce(lib)
+        if be.sync:
+            be.sync()  # gpu work is async: finish before the host reads
+        got, want = buffers.to_host(ring).astype(np.float64), buffers.to_host(lib).astype(np.float64)
+        diff = np.abs(got - want)
+        rel = float((diff / np.maximum(np.abs(want), 1e-30)).max()) if count else 0.0
+        runs.append({"rank": rank, "count": count, "steps": tally.steps, "bytes_sent": tally.bytes_sent,
+                     "dest_lo": min(tally.dests, default=-1), "dest_hi": max(tally.dests, default=-1),
+                     "mismatches": int((diff > 0).sum()), "max_rel_err": rel})
+        sizes = " ".join(str(b - a) for a, b in bounds) if n <= 8 else f"{bounds[0][1]} ..."
+        rows.append((count, sizes, tally.steps, tally.bytes_sent, int(x.nbytes),
+                     ",".join(map(str, sorted(tally.dests))) or "-", int((diff > 0).sum()), rel))
+    report.say(ctx, report.table(["count", "chunk sizes", "steps", "bytes sent", "buffer B", "to", "#differ",
+                                  "max rel err"], rows))
+    return runs
+
+
+def whiteboard(ctx, count):
+    """--trace: the same ring on symbols. Chunk j of rank r starts as letter(r)+j; adds join names."""
+    n, rank = ctx.world_size, ctx.rank
+    letter = "ABCDEFGH"[rank]
+    bounds = [(j, j + 1) for j in range(n)]  # one symbol per chunk
+    board = np.array([f"{letter}{j}" for j in range(n)], dtype=object)
+    scratch = np.empty(n, dtype=object)
+
+    def exchange(out, into, right, left):  # symbols travel as real messages, over MPI
+        into[:] = ctx.comm.sendrecv(list(out), dest=right, source=left)
+
+    def add(dst, src):
+        dst[:] = ["+".join(sorted(a.split("+") + b.split("+"))) for a, b in zip(dst, src)]
+
+    def show(phase, step, send, recv):
+        report.section(ctx, f"step {step + 1}/{2 * (n - 1)}  {phase}")
+        report.say(ctx, f"sent chunk {send} right to {(rank + 1) % n}, got chunk {recv} from "
+                        f"{(rank - 1) % n}   now: " + " | ".join(board))
+
+    report.section(ctx, f"whiteboard: {n} ranks, count {count} in chunks of "
+                        f"{[b - a for a, b in shards.chunk_bounds(count, n)]}; start")
+    report.say(ctx, " | ".join(board))
+    ring_allreduce(board, scratch, bounds, rank, n, exchange, add, after_step=show)
+
+
+def race(ctx, args, be, pick, sweep):
+    """Section 2: ring vs library over a size sweep, nccl-tests' columns; returns the rows."""
+    n, rank = ctx.world_size, ctx.rank
+    itemsize = np.dtype(args.dtype).itemsize
+    rows = []
+    for size in sweep:
+        count = max(size // itemsize, 1)
+        x = rank_data(rank, count, args.dtype, small_ints=True)
+        bounds = shards.chunk_bounds(count, n)
+        ring, lib = buffers.on_device(ctx, x.copy()), buffers.on_device(ctx, x.copy())
+        scratch = buffers.empty(ctx, max(b - a for a, b in bounds), args.dtype)
+        ring_allreduce(ring, scratch, bounds, rank, n, be.exchange, inplace_add)  # once, for #wrong
+        be.allreduce(lib)
+        if be.sync:
+            be.sync()
+        wrong = int((buffers.to_host(ring) != buffers.to_host(lib)).sum())
+        wrong = ctx.comm.allreduce(wrong)
+        # timed in place, over and over: values grow, the work per call does not
+        t_ring = bandwidth.time_op(ctx.comm, lambda: ring_allreduce(ring, scratch, bounds, rank, n,
+                                                                    be.exchange, inplace_add),
+                                   pick["warmup"], pick["iters"], be.sync)
+        t_lib = bandwidth.time_op(ctx.comm, lambda: be.allreduce(lib), pick["warmup"], pick["iters"], be.sync)
+        nb = count * itemsize
+        rows.append({"size": nb, "count": count, "type": args.dtype, "redop": "sum",
+                     "ring_us": t_ring * 1e6, "ring_algbw": bandwidth.algbw(nb, t_ring),
+                     "ring_busbw": bandwidth.busbw("allreduce", nb, t_ring, n),
+                     "lib_us": t_lib * 1e6, "lib_algbw": bandwidth.algbw(nb, t_lib),
+                     "lib_busbw": bandwidth.busbw("allreduce", nb, t_lib, n),
+                     "wrong": wrong, "ratio": t_lib / t_ring if t_ring > 0 else 0.0})
+    return rows
+
+
+def latency(ctx, be, dtype, iters):
+    """Section 3: alpha = one neighbour exchange of one element (slowest rank's mean)."""
+    n, rank = ctx.world_size, ctx.rank
+    one = buffers.on_device(ctx, np.ones(1, dtype=dtype))
+    got = buffers.empty(ctx, 1, dtype)
+    return bandwidth.time_op(ctx.comm, lambda: be.exchange(one, got, (rank + 1) % n, (rank - 1) % n),
+                             3, iters, be.sync)
+
+
+def write_csv(path, rows):
+    import csv
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main():
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--counts", type=count_list, default=None, metavar="C,C,...",
+                        help="element counts to run the ring on (default 0,1,N-1,7,1000003)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--trace", action="store_true", help="the symbolic whiteboard, per step and rank")
+    parser.add_argument("--bench", action="store_true", help="the full sweep: -b 8 -e 128M -f 2 -n 20 -w 5")
+    parser.add_argument("-b", dest="begin", metavar="SIZE", help="smallest size in bytes (K, M, G ok)")
+    parser.add_argument("-e", dest="end", metavar="SIZE", help="largest size in bytes")
+    parser.add_argument("-f", dest="mult", type=bootstrap.nonneg_int, help="size multiplier per row")
+    parser.add_argument("-n", dest="iters", type=bootstrap.nonneg_int, help="timed iterations per size")
+    parser.add_argument("-w", dest="warmup", type=bootstrap.nonneg_int, help="warm-up iterations per size")
+    parser.add_argument("--no-race", action="store_true", help="only the checked ring (section 1)")
+    parser.add_argument("--csv", metavar="PATH", help="write the race table as CSV")
+    parser.add_argument("--plot", metavar="PNG", help="busbw vs size as a PNG (needs matplotlib)")
+    args, ctx = bootstrap.start(__file__, parser)
+    n = ctx.world_size
+    if args.counts is None:
+        args.counts = [0, 1, n - 1, 7, 1000003]
+    if args.trace and n > TRACE_MAX_NP:
+        ctx.fail(f"--trace draws at most {TRACE_MAX_NP} ranks (letters A..H), got {n}")
+    pick = {k: getattr(args, k) if getattr(args, k) is not None else v
+            for k, v in (BENCH if args.bench else RACE).items()}  # flags given win over the plan's
+    if pick["iters"] == 0:
+        ctx.fail("-n must be at least 1 timed iteration")
+    try:
+        sweep = bandwidth.sizes(pick["begin"], pick["end"], pick["mult"])
+    except ValueError as exc:
+        ctx.fail(str(exc))
+    be = make_backend(ctx)
+    itemsize = np.dtype(args.dtype).itemsize
+    raced = not args.no_race and n > 1
+    params = {"dtype": args.dtype, "itemsize": itemsize, "race": int(raced), "ncounts": len(args.counts),
+              **{f"count{i}": c for i, c in enumerate(args.counts)}}
+
+    if args.trace:
+        whiteboard(ctx, min(args.counts, key=lambda c: (c < n, c)))
+
+    report.section(ctx, f"1. the ring on {n} ranks, {args.dtype}, api {ctx.api} ({ctx.transport}), "
+                        f"vs the library's all-reduce")
+    runs = check_counts(ctx, args, be)
+    if args.dtype != "int32" and ctx.rank == 0:
+        print(f"floats: the ring adds chunk j's N pieces in ring order, the library in its own; float "
+              f"addition is not associative, so allow (N-1)*eps = {(n - 1) * EPS[args.dtype]:.2g} of sum|x|",
+              flush=True)
+    summary = {}
+    if raced:
+        rows = race(ctx, args, be, pick, sweep)
+        alpha = latency(ctx, be, args.dtype, max(pick["iters"], 20))
+        if ctx.rank == 0:
+            report.section(ctx, f"2. the race: ring vs {LIBRARY[ctx.transport]} (in place; time = slowest "
+                                f"rank's mean of {pick['iters']} after {pick['warmup']} warm-up; "
+                                f"busbw = algbw*2(N-1)/N)")
+            print(report.table(["size B", "count", "type", "redop", "ring us", "algbw", "busbw",
+                                "lib us", "algbw", "busbw", "#wrong", "ring/lib busbw"],
+                               [(r["size"], r["count"], r["type"], r["redop"], round(r["ring_us"], 1),
+                                 round(r["ring_algbw"], 3), round(r["ring_busbw"], 3), round(r["lib_us"], 1),
+                                 round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"],
+                                 round(r["ratio"], 2)) for r in rows]))
+            print(bandwidth.chart([r["size"] for r in rows], {"ring": [r["ring_busbw"] for r in rows],
+                                                              "library": [r["lib_busbw"] for r in rows]}))
+            small = rows[0]
+            print(f"\n== 3. where the ring loses: latency\n"
+                  f"one neighbour exchange of 1 element: alpha = {alpha * 1e6:.1f} us (measured)\n"
+                  f"the ring does 2(N-1) = {2 * (n - 1)} of them in a row, so at {small['size']} B it "
+                  f"needs about 2(N-1)*alpha = {2 * (n - 1) * alpha * 1e6:.1f} us; measured "
+                  f"{small['ring_us']:.1f} us = {small['ring_us'] / (alpha * 1e6):.1f} alphas; library "
+                  f"{small['lib_us']:.1f} us = {small['lib_us'] / (alpha * 1e6):.1f} alphas (it picks a "
+                  f"few-step algorithm for small messages); at large sizes bandwidth, not alpha, decides")
+            if args.csv:
+                write_csv(args.csv, rows)
+                print(f"wrote {args.csv}")
+            if args.plot:
+                print(bandwidth.save_png(args.plot, [r["size"] for r in rows],
+                                         {"ring": [r["ring_busbw"] for r in rows],
+                                          "library": [r["lib_busbw"] for r in rows]},
+                                         f"all-reduce busbw, {n} ranks, {ctx.transport}"))
+        big = rows[-1]
+        summary = {"race": rows, "alpha_us": alpha * 1e6, "busbw_ring_GBps": big["ring_busbw"],
+                   "busbw_lib_GBps": big["lib_busbw"], "race_wrong": sum(r["wrong"] for r in rows)}
+    report.finish(ctx, {"runs": runs}, summary=summary, params=params)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Lesson 05's ring, simulated in one process: the schedule, uneven chunks, bytes per rank (no MPI)."""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from common import shards
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_lesson():
+    path = os.path.join(ROOT, "lessons", "05_ring_allreduce.py")
+    spec = importlib.util.spec_from_file_location("ring05", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # imports numpy and common only; MPI starts in main()
+    return mod
+
+
+ring = load_lesson()
+
+
+def simulate(n, count, dtype=np.int64):
+    """Run every rank's schedule in lockstep; a message is what rank r sends to (r+1) at that step."""
+    data = [np.arange(count, dtype=dtype) * (r + 1) + r for r in range(n)]
+    bufs = [d.copy() for d in data]
+    bounds = shards.chunk_bounds(count, n)
+    scheds = [ring.ring_schedule(r, n) for r in range(n)]
+    sent = [0] * n
+    for step in range(len(scheds[0])):
+        msgs = {}
+        for r in range(n):
+            phase, s, send, _ = scheds[r][step]
+            a, b = bounds[send]
+            msgs[(r + 1) % n] = (send, bufs[r][a:b].copy())
+            sent[r] += (b - a)
+        for r in range(n):
+            phase, s, _, recv = scheds[r][step]
+            chunk, payload = msgs[r]
+            assert chunk == recv, f"rank {r} expects chunk {recv}, its left neighbour sent {chunk}"
+            c, d = bounds[recv]
+            if phase == "reduce-scatter":
+                bufs[r][c:d] += payload
+            else:
+                bufs[r][c:d] = payload
+    return data, bufs, sent
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_schedule_has_2n_minus_2_steps_in_two_phases(n):
+    for r in range(n):
+        sched = ring.ring_schedule(r, n)
+        assert len(sched) == 2 * (n - 1)
+        assert [p for p, *_ in sched] == ["reduce-scatter"] * (n - 1) + ["all-gather"] * (n - 1)
+        assert [s for _, s, *_ in sched] == list(range(2 * (n - 1)))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7])
+def test_each_phase_sends_every_chunk_but_one(n):
+    for r in range(n):
+        sched = ring.ring_schedule(r, n)
+        rs = {send for p, _, send, _ in sched if p == "reduce-scatter"}
+        ag = {send for p, _, send, _ in sched if p == "all-gather"}
+        assert rs == set(range(n)) - {(r + 1) % n}  # it keeps the chunk it finishes
+        assert ag == set(range(n)) - {(r + 2) % n}  # its right neighbour's finished chunk never comes back
+
+
+@pytest.mark.parametrize("n,count", [(1, 0), (1, 5), (2, 0), (2, 1), (3, 2), (4, 3), (4, 7), (5, 7),
+                                     (4, 1000), (5, 1003), (8, 3)])
+def test_simulated_ring_sums_and_sends_the_closed_form(n, count):
+    data, bufs, sent = simulate(n, count)
+    want = sum(data)
+    for r in range(n):
+        np.testing.assert_array_equal(bufs[r], want)
+        size = lambda j: count // n + (1 if j < count % n else 0)  # noqa: E731
+        assert sent[r] == 2 * count - size((r + 1) % n) - size((r + 2) % n)
+
+
+@pytest.mark.parametrize("count,parts", [(0, 1), (0, 4), (1, 4), (3, 4), (7, 4), (1000003, 5), (10, 3)])
+def test_chunks_cover_the_buffer_evenly(count, parts):
+    bounds = shards.chunk_bounds(count, parts)
+    assert len(bounds) == parts and bounds[0][0] == 0 and bounds[-1][1] == count
+    assert all(a1 == b0 for (_, b0), (a1, _) in zip(bounds, bounds[1:]))
+    sizes = [b - a for a, b in bounds]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_count_list_flag():
+    assert ring.count_list("0,1,7") == [0, 1, 7]
+    for bad in ("", "-5", "1,x"):
+        with pytest.raises(Exception):
+            ring.count_list(bad)
