@@ -1,0 +1,327 @@
+"""Lesson 03 — broadcast, scatter and gather: one array from one rank to all, or one piece to each.
+
+The idea:
+  * broadcast copies the root's whole buffer into every rank's buffer ("one tensor from one GPU to
+    all the others": initial weights, a config, a batch of prompts). Any rank can be the root;
+  * scatter cuts the root's array into N pieces and sends piece r to rank r; when the count does not
+    divide by N the pieces differ in size (MPI: Scatterv with counts and displacements; torch and
+    NCCL: pad every piece to the largest, or pair sends with receives);
+  * gather is the inverse: piece r comes back to position r of the root's array;
+  * if each rank needs only its slice, broadcast-then-slice moves N times more data than scatter and
+    makes every rank hold the whole array for a moment. Section 3 measures both.
+
+What to watch for: the root's values arriving on every rank (sections 1-2), the per-rank table of
+bytes received and peak bytes held (section 3: about 1 vs 1/N of the array), and the time ratio.
+With 1 rank every collective is a local copy: the root is the only rank and owns every piece.
+
+Run it:
+  make lesson-03 NP=4                       (or API=torch, ARGS="--root 2 --big 1048576")
+  .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/03_broadcast_scatter.py --api mpi4py
+"""
+import os
+import sys
+import time
+import tracemalloc
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np  # noqa: E402
+
+from common import bootstrap, buffers, report  # noqa: E402
+from common.shards import chunk_bounds, counts_displs  # noqa: E402
+
+COUNT = 10          # items in the broadcast and the uneven scatter (10 over 4 ranks: 3, 3, 2, 2)
+CHUNK = 4           # items per rank in the equal scatter
+BIG = 1 << 22       # float32 items in the broadcast-then-slice vs scatter comparison (16 MB)
+REPS = 5            # timed repetitions of each; the median is reported
+TAG = 1000          # root r's broadcast data is TAG*r + 0, 1, 2 ...: the values name their sender
+
+
+def broadcast(ctx, buf, root):
+    """Every rank's `buf` becomes a copy of the root's. Collective."""
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        dist.broadcast(buf, src=root)
+    elif ctx.device == "gpu":
+        import cupy
+        stream = cupy.cuda.get_current_stream()
+        ctx.nccl.bcast(buf.data.ptr, buf.size, buffers.nccl_dtype(buf), root, stream.ptr)
+        stream.synchronize()  # nccl is asynchronous: wait before the host reads buf
+    else:
+        ctx.comm.Bcast(buf, root=root)
+
+
+def nccl_pairs(ctx, sends, recvs):
+    """CuPy's NCCL binding has no scatter/gather: grouped point-to-point (peer, array) pairs do it."""
+    import cupy
+    from cupy.cuda import nccl
+    stream = cupy.cuda.get_current_stream()
+    nccl.groupStart()  # inside a group the sends and receives are matched together, no deadlock
+    for peer, a in sends:
+        ctx.nccl.send(a.data.ptr, a.size, buffers.nccl_dtype(a), peer, stream.ptr)
+    for peer, a in recvs:
+        ctx.nccl.recv(a.data.ptr, a.size, buffers.nccl_dtype(a), peer, stream.ptr)
+    nccl.groupEnd()
+    stream.synchronize()
+
+
+def scatter_equal(ctx, full, recv, root):
+    """Rank r's `recv` gets full[r*c:(r+1)*c], c = recv's size; `full` matters only on the root."""
+    n, c = ctx.world_size, len(recv)
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        pieces = [full[r * c:(r + 1) * c] for r in range(n)] if ctx.rank == root else None
+        dist.scatter(recv, scatter_list=pieces, src=root)
+    elif ctx.device == "gpu":
+        if ctx.rank == root:
+            recv[:] = full[root * c:(root + 1) * c]  # the root's own piece never leaves the GPU
+        sends = [(r, full[r * c:(r + 1) * c]) for r in range(n) if r != root] if ctx.rank == root else []
+        nccl_pairs(ctx, sends, [(root, recv)] if ctx.rank != root and c else [])
+    else:
+        ctx.comm.Scatter(full if ctx.rank == root else None, recv, root=root)
+
+
+def scatter_uneven(ctx, full, count, dtype, root):
+    """Rank r gets its near-equal share of the root's `full` (count items in all).
+
+    Returns (my piece, the receive buffer the collective filled): they differ where pieces are padded."""
+    n = ctx.world_size
+    # >>> exercise: shard_sizes
+    base, extra = divmod(count, n)
+    counts = [base + (1 if r < extra else 0) for r in range(n)]  # the first count % n ranks: one more
+    displs = [sum(counts[:r]) for r in range(n)]                  # piece r starts where r-1 ended
+    # <<< exercise: shard_sizes
+    mine = counts[ctx.rank]
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        # gloo/nccl scatter wants equal sizes: pad every piece to the largest, then trim
+        recv = buffers.empty(ctx, max(counts), dtype)
+        pieces = None
+        if ctx.rank == root:
+            pieces = [buffers.empty(ctx, max(counts), dtype) for _ in range(n)]
+            for piece, c, d in zip(pieces, counts, displs):
+                piece[:c] = full[d:d + c]
+        dist.scatter(recv, scatter_list=pieces, src=root)
+        return recv[:mine], recv
+    if ctx.device == "gpu":
+        recv = buffers.empty(ctx, mine, dtype)
+        if ctx.rank == root:
+            recv[:] = full[displs[root]:displs[root] + mine]  # the root's own piece stays local
+        sends = [(r, full[d:d + c]) for r, (c, d) in enumerate(zip(counts, displs))
+                 if r != root and c] if ctx.rank == root else []
+        nccl_pairs(ctx, sends, [(root, recv)] if ctx.rank != root and mine else [])
+        return recv, recv
+    from mpi4py.util.dtlib import from_numpy_dtype
+    recv = np.empty(mine, dtype=dtype)
+    send = [full, counts, displs, from_numpy_dtype(dtype)] if ctx.rank == root else None
+    ctx.comm.Scatterv(send, recv, root=root)  # rank r gets counts[r] items from offset displs[r]
+    return recv, recv
+
+
+def gather_uneven(ctx, piece, count, dtype, root):
+    """The inverse of scatter_uneven: the root gets every rank's piece in rank order; others None."""
+    n = ctx.world_size
+    bounds = chunk_bounds(count, n)
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        width = -(-count // n)
+        padded = buffers.empty(ctx, width, dtype)
+        padded[:len(piece)] = piece
+        parts = [buffers.empty(ctx, width, dtype) for _ in range(n)] if ctx.rank == root else None
+        dist.gather(padded, gather_list=parts, dst=root)
+        if ctx.rank != root:
+            return None
+        import torch
+        return torch.cat([p[:b - a] for p, (a, b) in zip(parts, bounds)])
+    if ctx.device == "gpu":
+        out = buffers.empty(ctx, count, dtype) if ctx.rank == root else None
+        if ctx.rank == root:
+            a, b = bounds[root]
+            out[a:b] = piece
+        recvs = [(r, out[lo:hi]) for r, (lo, hi) in enumerate(bounds)
+                 if r != root and hi > lo] if ctx.rank == root else []
+        nccl_pairs(ctx, [(root, piece)] if ctx.rank != root and len(piece) else [], recvs)
+        return out
+    from mpi4py.util.dtlib import from_numpy_dtype
+    counts, displs = counts_displs(count, n)
+    out = np.empty(count, dtype=dtype) if ctx.rank == root else None
+    recv = [out, counts, displs, from_numpy_dtype(dtype)] if ctx.rank == root else None
+    ctx.comm.Gatherv(piece, recv, root=root)
+    return out
+
+
+class PeakBytes:
+    """Peak bytes allocated since start(): tracemalloc on CPU (it sees NumPy buffers, and torch
+    tensors made with torch.from_numpy), the CUDA allocator's own counters on GPU."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def start(self):
+        if self.ctx.device != "gpu":
+            tracemalloc.start()
+        elif self.ctx.api == "torch":
+            import torch
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        else:
+            import cupy
+            self.base, self.peak = cupy.get_default_memory_pool().used_bytes(), 0
+
+    def sample(self):
+        """GPU with CuPy keeps no peak: call this where the peak happens (a no-op elsewhere)."""
+        if self.ctx.device == "gpu" and self.ctx.api != "torch":
+            import cupy
+            self.peak = max(self.peak, cupy.get_default_memory_pool().used_bytes() - self.base)
+
+    def stop(self):
+        if self.ctx.device != "gpu":
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            return peak
+        if self.ctx.api == "torch":
+            import torch
+            return torch.cuda.max_memory_allocated() - self.base
+        self.sample()
+        return self.peak
+
+
+def bcast_then_slice(ctx, data, big, root, meter):
+    """Everyone receives the whole array, keeps its slice: (my slice, bytes received)."""
+    full = data if ctx.rank == root else buffers.empty(ctx, big, np.float32)
+    broadcast(ctx, full, root)
+    meter.sample()
+    a, b = chunk_bounds(big, ctx.world_size)[ctx.rank]
+    mine = buffers.empty(ctx, b - a, np.float32)
+    mine[:] = full[a:b]  # a copy, so the full array could be freed; until then both are held
+    meter.sample()
+    return mine, 0 if ctx.rank == root else full.nbytes
+
+
+def scatter_only(ctx, data, big, root, meter):
+    """Each rank receives only its slice: (my slice, bytes received)."""
+    mine, recv = scatter_uneven(ctx, data, big, np.float32, root)
+    meter.sample()
+    return mine, 0 if ctx.rank == root else recv.nbytes  # torch's recv is padded to the largest piece
+
+
+def main():
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--root", type=bootstrap.nonneg_int, default=0, help="the broadcasting rank")
+    parser.add_argument("--count", type=bootstrap.nonneg_int, default=COUNT,
+                        help="items in the broadcast and the uneven scatter")
+    parser.add_argument("--chunk", type=bootstrap.nonneg_int, default=CHUNK,
+                        help="items per rank in the equal scatter")
+    parser.add_argument("--big", type=bootstrap.nonneg_int, default=BIG,
+                        help="float32 items in the bytes/time comparison")
+    parser.add_argument("--reps", type=bootstrap.nonneg_int, default=REPS, help="timed repetitions")
+    args, ctx = bootstrap.start(__file__, parser)
+    n, rank, root, count = ctx.world_size, ctx.rank, args.root, args.count
+    if root >= n:
+        ctx.fail(f"--root {root} is not a rank: with {n} rank(s) the root must be 0..{n - 1}")
+    if args.big < n or args.chunk < 1 or args.reps < 1:
+        ctx.fail(f"--big must be at least the number of ranks ({n}); --chunk and --reps at least 1")
+    root2 = (root + 1) % n
+    ctx.params = {"root": root, "count": count, "chunk": args.chunk, "big": args.big,
+                  "reps": args.reps}
+
+    report.section(ctx, f"1. broadcast from rank {root}, then from rank {root2} into a second buffer"
+                   + ("  (1 rank: both roots are rank 0, a broadcast is a no-op)" if n == 1 else ""))
+    # every non-root starts with -1s, so a broadcast that never arrived shows up as -1
+    a_host = TAG * root + np.arange(count, dtype=np.float64) if rank == root else np.full(count, -1.0)
+    b_host = TAG * root2 + np.arange(count, dtype=np.float64) if rank == root2 else np.full(count, -1.0)
+    buf_a, buf_b = buffers.on_device(ctx, a_host), buffers.on_device(ctx, b_host)
+    # per API: comm.Bcast(buf, root) | dist.broadcast(t, src) | nccl bcast(ptr, n, type, root, stream)
+    broadcast(ctx, buf_a, root)
+    broadcast(ctx, buf_b, root2)
+    got_a, got_b = buffers.to_host(buf_a), buffers.to_host(buf_b)
+    report.say(ctx, f"buffer a = {got_a[:4]}...   buffer b = {got_b[:4]}...")
+    want_a = TAG * root + np.arange(count)
+    want_b = TAG * root2 + np.arange(count)
+    assert np.array_equal(got_a, want_a) and np.array_equal(got_b, want_b), "a broadcast went wrong"
+
+    c = args.chunk
+    report.section(ctx, f"2. scatter from rank {root}: {c} items each, then {count} items unevenly "
+                   f"({counts_displs(count, n)[0]}), then gather them back")
+    full = np.arange(n * c, dtype=np.float64) if rank == root else None
+    piece = buffers.empty(ctx, c, np.float64)
+    scatter_equal(ctx, buffers.on_device(ctx, full) if rank == root else None, piece, root)
+    piece = buffers.to_host(piece)
+    uneven_full = np.arange(count, dtype=np.float64) if rank == root else None
+    upiece, _ = scatter_uneven(ctx, buffers.on_device(ctx, uneven_full) if rank == root else None,
+                               count, np.float64, root)
+    back = gather_uneven(ctx, upiece, count, np.float64, root)
+    upiece = buffers.to_host(upiece)
+    lo, hi = chunk_bounds(count, n)[rank]
+    report.say(ctx, f"equal piece {piece}   uneven piece {upiece} (items {lo}..{hi - 1})")
+    assert np.array_equal(piece, np.arange(rank * c, (rank + 1) * c)), "equal scatter: wrong piece"
+    assert np.array_equal(upiece, np.arange(lo, hi)), "uneven scatter: wrong piece"
+    gathered = buffers.to_host(back) if rank == root else np.zeros(0)
+    if rank == root:
+        report_line = f"gathered back on rank {root}: {gathered}"
+        assert np.array_equal(gathered, np.arange(count)), "gather did not invert the scatter"
+    else:
+        report_line = "sent my piece to the root, hold nothing gathered"
+    report.say(ctx, report_line)
+
+    big = args.big
+    report.section(ctx, f"3. each rank needs 1/{n} of a {4 * big / 1e6:.1f} MB float32 array: "
+                   "broadcast-then-slice vs scatter")
+    data = buffers.on_device(ctx, np.arange(big, dtype=np.float32)) if rank == root else None
+    a, b = chunk_bounds(big, n)[rank]
+    results = {}
+    for name, way in (("bcast_slice", bcast_then_slice), ("scatter", scatter_only)):
+        meter = PeakBytes(ctx)
+        meter.start()  # one untimed pass measures memory; tracing would slow the timed ones
+        mine, received = way(ctx, data, big, root, meter)
+        peak = meter.stop()
+        err = float(np.max(np.abs(buffers.to_host(mine) - np.arange(a, b, dtype=np.float32)), initial=0))
+        times = []
+        for _ in range(args.reps):
+            ctx.comm.Barrier()  # start together, so one rank's lateness is not counted as the method's
+            t0 = time.perf_counter()
+            way(ctx, data, big, root, meter)
+            times.append(time.perf_counter() - t0)
+        results[name] = {"recv_B": received, "peak_B": peak, "err": err,
+                         "time_us": 1e6 * float(np.median(times))}
+    bs, sc = results["bcast_slice"], results["scatter"]
+    rows = ctx.comm.gather((rank, bs, sc), root=0)  # one table, rank by rank, printed by rank 0
+    if rank == 0:
+        print(report.table(
+            ["rank", "method", "recv B", "peak held B", "time us", "max err"],
+            [(r, m, d["recv_B"], d["peak_B"], round(d["time_us"], 1), d["err"])
+             for r, b_, s_ in rows for m, d in (("bcast+slice", b_), ("scatter", s_))],
+            align=[True, False, True, True, True, True]))
+        others = [(b_, s_) for r, b_, s_ in rows if r != root]
+        if others:
+            recv_ratio = max(s_["recv_B"] / b_["recv_B"] for b_, s_ in others)
+            peak_ratio = max(s_["peak_B"] / b_["peak_B"] for b_, s_ in others)
+            print(f"non-root ranks, scatter / bcast+slice: bytes received {recv_ratio:.3f} (1/N = "
+                  f"{1 / n:.3f}), peak held {peak_ratio:.3f} (1/(N+1) = {1 / (n + 1):.3f}: bcast+slice "
+                  "holds the whole array plus the copy of its slice). The root is the source and "
+                  "holds the whole array either way.", flush=True)
+        else:
+            print("1 rank: the root is the only rank, nothing travels; both ways are a local slice")
+    times = ctx.comm.allgather((bs["time_us"], sc["time_us"]))
+    slowest = [max(t[i] for t in times) for i in (0, 1)]  # a collective ends when its last rank does
+    if rank == 0:
+        print(f"slowest rank: bcast+slice {slowest[0]:.0f} us, scatter {slowest[1]:.0f} us, "
+              f"scatter/bcast time {slowest[1] / slowest[0]:.2f} (measured in this run, not checked: "
+              "a loaded machine moves it)", flush=True)
+
+    report.finish(ctx, {
+        "bcast_a_sum": float(got_a.sum()), "bcast_b_sum": float(got_b.sum()),
+        "scatter_sum": float(piece.sum()), "scatter_first": float(piece[0]) if c else -1.0,
+        "scatterv_n": int(upiece.size), "scatterv_sum": float(upiece.sum()),
+        "gather_wsum": float((np.arange(gathered.size) * gathered).sum()),
+        "gather_n": int(gathered.size),
+        "bcast_recv_B": bs["recv_B"], "scatter_recv_B": sc["recv_B"],
+        "bcast_peak_B": bs["peak_B"], "scatter_peak_B": sc["peak_B"],
+        "big_max_err": max(bs["err"], sc["err"]),
+        "bcast_us": bs["time_us"], "scatter_us": sc["time_us"]},
+        summary={"bcast_us_slowest": slowest[0], "scatter_us_slowest": slowest[1],
+                 "scatter_over_bcast_time": slowest[1] / slowest[0]})
+
+
+if __name__ == "__main__":
+    main()
