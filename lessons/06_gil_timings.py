@@ -1,0 +1,485 @@
+"""Lesson 06 — the GIL, timed: threads, processes and MPI ranks on the same work, and why PyTorch
+runs one process per GPU.
+
+CPython's global interpreter lock (GIL) lets one thread at a time run Python bytecode. C code may
+let go of it while it works without touching Python objects: NumPy does for large arrays,
+time.sleep and blocking I/O do, and so do communication libraries (mpi4py, torch.distributed) while
+they wait. The lesson measures what that means:
+
+  1. three kinds of work, each done serially, by T threads and by P processes (T = P = --workers):
+     a pure-Python loop, a large NumPy operation, and a wait (a sleep standing for I/O or a comm call);
+  2. the same pure-Python work split across the MPI ranks of this run: ranks are processes too;
+  3. a pure-Python thread computing while the main thread waits for a message in Recv
+     (dist.recv on --api torch): how much of its solo speed it keeps, against a C call that keeps
+     the GIL (libc usleep through ctypes.PyDLL, standing for a library that forgot to release it);
+  4. a speedup table and the conclusions these numbers support.
+The thread and process experiments run inside rank 0; the other ranks wait without using a core.
+The worker processes are spawned fresh (no copy of this rank's MPI state) and each starts its own
+session, as mpiexec does for ranks: Linux's autogroup scheduler shares cpu per session, so without
+that, P busy workers would get one process's share on a loaded machine.
+
+What to watch for:
+  * pure-Python threads gain nothing (about 1x) while the GIL is on; processes and ranks scale with
+    the usable cores; NumPy threads gain because NumPy releases the GIL; waits overlap in threads;
+  * a blocking Recv keeps (most of) the compute thread's speed; a wait that holds the GIL stops it;
+  * a free-threaded Python (3.13t+, GIL off) makes the thread column scale too: the lesson says so.
+Timings on a loaded machine are noisy: the modes take turns and each time is the best of --repeat.
+The YAML checks every result against a closed form, and only the timing relations that held on a
+loaded 2-core machine (threads < 1.3x on pure Python with the GIL on, waits overlap, the GIL-holding
+call stops the thread, Recv does not); the others are printed, not checked.
+
+Run it:
+  make lesson-06 NP=2                       (or API=torch)
+  .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py lessons/06_gil_timings.py --api mpi4py
+"""
+import argparse
+import ctypes
+import ctypes.util
+import os
+import sys
+import sysconfig
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from multiprocessing import get_context
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np  # noqa: E402
+
+from common import bootstrap, report  # noqa: E402
+
+LOOP = 4_000_000          # pure-Python loop iterations in all (split over the tasks)
+NUMPY_COUNT = 4_000_000   # float64 elements in all for sin^2 + cos^2
+NUMPY_BLOCK = 65_536      # elements per NumPy call: long C loops, small cache-friendly temporaries
+WAIT_MS = 200             # total sleep, split over the tasks
+HOLD_MS = 200             # how long the main thread waits in part 3
+REPEAT = 3                # each time is the best of this many runs
+MSG_COUNT = 1024          # int64 elements in part 3's message
+BATCH = 2_000             # loop iterations per unit of the compute thread's progress
+TAG = 6
+
+
+def usable_cores():
+    """Cores this process may run on (its affinity mask), not the machine's total."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def interpreter():
+    """(text, gil_on, free_threaded_build) for the running Python."""
+    free_build = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    gil_on = sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True  # 3.13+
+    build = "free-threaded build" if free_build else "standard build"
+    text = (f"{sys.implementation.name} {sys.version.split()[0]}, {build}, "
+            f"GIL {'ON' if gil_on else 'OFF'}")
+    return text, gil_on, free_build
+
+
+def positive_int(text):
+    try:
+        value = bootstrap.nonneg_int(text)
+    except argparse.ArgumentTypeError:
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def workers_count(text):
+    value = bootstrap.nonneg_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"need at least 2 workers to compare with serial, got {value}")
+    return value
+
+
+def split_range(total, parts, index):
+    """[lo, hi) of part `index` when range(total) is cut into `parts` contiguous, balanced pieces."""
+    # >>> exercise: split_range
+    base, extra = divmod(total, parts)
+    lo = index * base + min(index, extra)  # the first `extra` parts take one more item
+    hi = lo + base + (1 if index < extra else 0)
+    # <<< exercise: split_range
+    return lo, hi
+
+
+# the three kinds of work: module-level functions, so a spawned process can find them by name
+
+def cpu_task(bounds):
+    """Pure Python: the interpreter runs every iteration, holding the GIL throughout."""
+    lo, hi = bounds
+    s = 0
+    for k in range(lo, hi):
+        s += k
+    return s
+
+
+def numpy_task(bounds):
+    """Large NumPy expressions: the ufuncs let go of the GIL while they loop in C."""
+    total = 0.0
+    for a in range(bounds[0], bounds[1], NUMPY_BLOCK):  # blocks: temporaries stay small
+        x = np.arange(a, min(a + NUMPY_BLOCK, bounds[1]), dtype=np.float64)
+        total += float(np.sum(np.sin(x) ** 2 + np.cos(x) ** 2))  # = len(x), up to rounding
+    return total
+
+
+def wait_task(seconds):
+    """A wait: time.sleep releases the GIL, as a blocking read or a comm call does."""
+    time.sleep(seconds)
+    return 1
+
+
+_started = None  # in each worker process: a barrier shared by all P workers
+
+
+def join_pool(barrier, parent):
+    """Runs first in each worker: its own session (as mpiexec gives each rank), and an exit if
+    rank 0 dies, so no worker outlives the lesson."""
+    global _started
+    _started = barrier
+    if hasattr(os, "setsid"):
+        os.setsid()  # linux autogroup shares cpu per session: without this, P workers get one share
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def exit_with_parent(parent):
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def whoami(_):
+    _started.wait(timeout=120)  # returns only when all P workers are up: one call per process
+    return os.getpid()
+
+
+def autogroup_note():
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            on = f.read().strip() == "1"
+    except OSError:
+        return ""
+    return ": linux autogroup is on here, so cpu is shared per session" if on else ""
+
+
+def race(runs, repeat):
+    """{name: (best seconds, result, cores)}: the runs take turns, so a burst of load hits them all
+    alike; the best of `repeat` turns is the least disturbed one. cores = this process's cpu seconds
+    per wall second in that turn (its threads only: worker processes are not counted)."""
+    best = {name: (float("inf"), None, 0.0) for name in runs}
+    for _ in range(repeat):
+        for name, run in runs.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = run()
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+            if seconds < best[name][0]:
+                best[name] = (seconds, result, cpu / seconds)
+    return best
+
+
+def ratio(a, b):
+    return a / b if b > 0 else float("nan")
+
+
+def quiet_barrier(comm):
+    """A barrier that sleeps between tests: a blocking MPI wait may poll, taking rank 0's cpu."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.002)
+
+
+def race_three_ways(kinds, workers, repeat, procs):
+    """{kind: {serial, threads, processes: (seconds, result, cores)}} for each (kind, task, args)."""
+    out = {}
+    with ThreadPoolExecutor(workers) as threads:
+        for kind, task, args in kinds:
+            out[kind] = race({
+                "serial": lambda: sum(map(task, args)),
+                "threads": lambda: sum(threads.map(task, args)),     # one interpreter, one GIL
+                "processes": lambda: sum(procs.map(task, args)),     # P interpreters, P GILs
+            }, repeat)
+    return out
+
+
+def torch_device(ctx):
+    return "cuda" if ctx.device == "gpu" else "cpu"  # nccl moves cuda tensors only
+
+
+def sum_over_ranks(ctx, total):
+    """The pure-Python loop over range(total), split across the ranks; (my bounds, the total sum)."""
+    # >>> exercise: split_across_ranks
+    lo, hi = split_range(total, ctx.world_size, ctx.rank)
+    mine = cpu_task((lo, hi))
+    if ctx.api == "torch":
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor([mine], dtype=torch.int64, device=torch_device(ctx))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        whole = int(t.item())
+    else:
+        from mpi4py import MPI
+        buf = np.array([mine], dtype=np.int64)  # host MPI even on a gpu run: the point is the gil
+        ctx.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        whole = int(buf[0])
+    # <<< exercise: split_across_ranks
+    return (lo, hi), whole
+
+
+class Spinner(threading.Thread):
+    """A pure-Python compute thread: counts BATCH-sized loops until told to stop."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.stop, self.batches = threading.Event(), 0
+
+    def run(self):
+        while not self.stop.is_set():
+            s = 0
+            for k in range(BATCH):
+                s += k
+            self.batches += 1
+
+
+def gil_holding_sleep():
+    """libc usleep called through ctypes.PyDLL, which (unlike CDLL) does not release the GIL."""
+    try:
+        libc = ctypes.PyDLL(ctypes.util.find_library("c") or None)
+        return libc.usleep
+    except (OSError, AttributeError):
+        return None
+
+
+def wait_for_message(ctx, buf):
+    """Rank 0's main thread blocks until rank 1's message is in buf; returns the sum it got."""
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        dist.recv(buf, src=1)                      # waits in C++ with the GIL released
+        return int(buf.sum())                      # on nccl the host waits here, GIL released too
+    else:
+        ctx.comm.Recv(buf, source=1, tag=TAG)      # waits in MPI with the GIL released
+    return int(buf.sum())
+
+
+def send_message(ctx):
+    if ctx.api == "torch":
+        import torch
+        import torch.distributed as dist
+        dist.send(torch.arange(MSG_COUNT, dtype=torch.int64, device=torch_device(ctx)), dst=0)
+    else:
+        ctx.comm.Send(np.arange(MSG_COUNT, dtype=np.int64), dest=0, tag=TAG)
+
+
+def message_buffer(ctx):
+    if ctx.api == "torch":
+        import torch
+        return torch.zeros(MSG_COUNT, dtype=torch.int64, device=torch_device(ctx))
+    return np.zeros(MSG_COUNT, dtype=np.int64)
+
+
+def wait_once(ctx, how, hold_s, holder):
+    """Rank 0: the compute thread's batches/s while the main thread waits `how`; (rate, ms, cpu ms, sum)."""
+    spinner = Spinner()
+    spinner.start()
+    buf = message_buffer(ctx)
+    time.sleep(0.01)  # let the thread get going
+    b0, t0, c0 = spinner.batches, time.perf_counter(), time.thread_time()  # count only during the wait
+    got = None
+    if how == "sleep":
+        time.sleep(hold_s)
+    elif how == "hold":
+        holder(int(hold_s * 1e6))
+    else:
+        got = wait_for_message(ctx, buf)
+    b1, waited, cpu = spinner.batches, time.perf_counter() - t0, time.thread_time() - c0
+    spinner.stop.set()
+    spinner.join()
+    return (b1 - b0) / waited, round(waited * 1e3, 1), round(cpu * 1e3, 1), got
+
+
+def keep_computing(ctx, hold_s, repeat):
+    """Part 3: the compute thread's speed while the main thread waits in three ways, taking turns;
+    the best of `repeat` turns for each (the least disturbed by other work on the machine)."""
+    holder = gil_holding_sleep()
+    waits = [("solo: main thread idle in time.sleep", "sleep", False),
+             ("main thread blocked in Recv" if ctx.api == "mpi4py" else "main thread in dist.recv",
+              "recv", True),
+             ("main thread in a C call that keeps the GIL", "hold", False)]
+    waits = [w for w in waits if not (w[2] and ctx.world_size < 2)]  # a message needs a second rank
+    waits = [w for w in waits if not (w[1] == "hold" and holder is None)]
+    best = {}
+    for _ in range(repeat):
+        for label, how, needs_peer in waits:  # every rank walks the same list: barriers stay matched
+            quiet_barrier(ctx.comm)
+            if ctx.rank == 1 and needs_peer:
+                time.sleep(hold_s + 0.01)  # the message "arrives later" (rank 0 starts 10 ms late)
+                send_message(ctx)
+            if ctx.rank == 0:
+                turn = wait_once(ctx, how, hold_s, holder)
+                if how not in best or turn[0] > best[how][0]:
+                    best[how] = turn
+    if ctx.rank != 0:
+        return {}, []
+    solo = best["sleep"][0]
+    got = {f"{how}_fraction": round(ratio(best[how][0], solo), 3) for how in best if how != "sleep"}
+    if "recv" in best:
+        got["recv_sum"] = best["recv"][3]
+    table = [(label, best[how][1], best[how][2], round(best[how][0]),
+              round(ratio(best[how][0], solo), 2)) for label, how, _ in waits]
+    return got, table
+
+
+def gains(x):
+    """How a measured speedup reads: the thresholds the YAML uses for its relations."""
+    return "gain" if x >= 1.3 else "no real gain"
+
+
+def conclusions(speed, fractions, gil_on, cores):
+    """Sentences the measured numbers support (speed: {kind_mode: x vs serial}; fractions: part 3)."""
+    cpu_t, cpu_p, ranks = speed["cpu_threads"], speed["cpu_processes"], speed["cpu_ranks"]
+    want = "no real gain" if gil_on else "gain"
+    lines = [f"pure-Python threads: {cpu_t:.2f}x ({gains(cpu_t)}); with the GIL "
+             f"{'on one thread runs Python at a time' if gil_on else 'off they should scale'}"
+             + ("" if gains(cpu_t) == want else ": not what the GIL state predicts, a noisy run?")]
+    busy = "" if min(cpu_p, ranks) >= 1.3 or cores < 2 else ": less than the cores allow, is the machine busy?"
+    lines.append(f"processes: {cpu_p:.2f}x, MPI ranks: {ranks:.2f}x on {cores} usable core(s): each "
+                 f"has its own interpreter and GIL{busy}")
+    lines.append(f"NumPy threads: {speed['numpy_threads']:.2f}x ({gains(speed['numpy_threads'])}): "
+                 "its loops run in C with the GIL released")
+    lines.append(f"waits in threads: {speed['wait_threads']:.2f}x: a sleeping thread holds no GIL, "
+                 "so waits overlap whatever the GIL does")
+    if "recv_fraction" in fractions:
+        lines.append(f"a compute thread kept {fractions['recv_fraction']:.0%} of its speed while its rank "
+                     "waited for a message: the library released the GIL")
+    if "hold_fraction" in fractions:
+        lines.append(f"and {fractions['hold_fraction']:.0%} while a C call held the GIL: a comm library "
+                     "that did not release it would freeze every other thread of the rank")
+    if gil_on and cpu_t < 1.3:
+        shown = "as the process column shows" if max(cpu_p, ranks) >= 1.3 else \
+            "which this run's busy cores hide, but the thread column still shows the GIL"
+        lines.append("so PyTorch's DistributedDataParallel runs one process per GPU, not one thread: the "
+                     "Python half of each step (autograd, hooks, data loading) would queue for one GIL, "
+                     f"while processes run it side by side ({shown})")
+    lines.append("and communication libraries release the GIL while they wait, so a rank's other threads "
+                 "(data loaders, DDP's gradient hooks) keep working meanwhile")
+    return lines
+
+
+def main():
+    cores = usable_cores()
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--workers", type=workers_count, default=max(2, min(4, cores)),
+                        help="T threads = P processes = tasks (default: min(4, usable cores), at least 2)")
+    parser.add_argument("--loop", type=positive_int, default=LOOP, help="pure-Python iterations in all")
+    parser.add_argument("--numpy-count", type=positive_int, default=NUMPY_COUNT,
+                        help="float64 elements in all for the NumPy work")
+    parser.add_argument("--wait-ms", type=positive_int, default=WAIT_MS, help="total sleep in ms")
+    parser.add_argument("--hold-ms", type=positive_int, default=HOLD_MS,
+                        help="how long part 3's main thread waits, in ms")
+    parser.add_argument("--repeat", type=positive_int, default=REPEAT, help="best of this many runs")
+    args, ctx = bootstrap.start(__file__, parser)
+    text, gil_on, free_build = interpreter()
+    workers, n = args.workers, ctx.world_size
+    ctx.params = {"workers": workers, "loop": args.loop, "numpy_count": args.numpy_count,
+                  "wait_ms": args.wait_ms, "hold_ms": args.hold_ms, "repeat": args.repeat,
+                  "msg_count": MSG_COUNT, "cores": cores, "gil": gil_on, "free_threaded_build": free_build}
+
+    report.section(ctx, f"0. the interpreter: {text}; {cores} usable core(s) on rank 0")
+    if ctx.rank == 0:
+        if hasattr(os, "getloadavg") and os.getloadavg()[0] > cores:  # more runnable work than cores
+            print(f"the machine is busy (load average {os.getloadavg()[0]:.1f} on {cores} cores): other "
+                  "work competes for the cores, so the speedups will be lower and noisier")
+        if gil_on:
+            print("with the GIL on, only one thread runs Python bytecode at a time: expect the "
+                  "pure-Python thread column near 1x")
+        else:
+            print("the GIL is OFF: threads run Python in parallel, so the pure-Python thread column is "
+                  "expected to scale like the process column")
+
+    report.section(ctx, f"1. the same work serially, with {workers} threads, with {workers} processes "
+                        f"(rank 0; best of {args.repeat})")
+    summary, speed = {}, {}
+    if ctx.rank == 0:
+        t0 = time.perf_counter()
+        spawn = get_context("spawn")  # fresh interpreters: no copy of this rank's MPI or threads
+        procs = ProcessPoolExecutor(workers, mp_context=spawn, initializer=join_pool,
+                                    initargs=(spawn.Barrier(workers), os.getpid()))
+        try:
+            pids = set(procs.map(whoami, range(workers)))  # start them all now, outside the timings
+            started = time.perf_counter() - t0
+            print(f"started {len(pids)} worker processes in {started * 1e3:.0f} ms (not in the timings); "
+                  "each in its own session, as mpiexec starts ranks" + autogroup_note())
+            cut = [split_range(args.loop, workers, i) for i in range(workers)]
+            np_cut = [split_range(args.numpy_count, workers, i) for i in range(workers)]
+            kinds = [("cpu", cpu_task, cut), ("numpy", numpy_task, np_cut),
+                     ("wait", wait_task, [args.wait_ms / 1e3 / workers] * workers)]
+            timed = race_three_ways(kinds, workers, args.repeat, procs)
+        finally:
+            procs.shutdown()
+        summary["worker_pids"] = len(pids - {os.getpid()})
+        rows = []
+        for kind, modes in timed.items():
+            serial = modes["serial"][0]
+            for mode, (seconds, result, _) in modes.items():
+                summary[f"{kind}_result_{mode}"] = result
+                summary[f"{kind}_time_{mode}"] = round(seconds, 4)
+            speed[f"{kind}_threads"] = ratio(serial, modes["threads"][0])
+            speed[f"{kind}_processes"] = ratio(serial, modes["processes"][0])
+            rows.append([kind, round(serial * 1e3, 1), round(modes["threads"][0] * 1e3, 1),
+                         round(modes["processes"][0] * 1e3, 1), round(speed[f"{kind}_threads"], 2),
+                         round(speed[f"{kind}_processes"], 2)])
+        summary["cpu_threads_cores"] = round(timed["cpu"]["threads"][2], 3)
+        print(f"pure-Python threads kept {summary['cpu_threads_cores']:.2f} cores busy, serial "
+              f"{timed['cpu']['serial'][2]:.2f} (cpu seconds per wall second of rank 0; the GIL caps "
+              "threads at 1 however many cores are free)")
+    quiet_barrier(ctx.comm)  # the other ranks sleep here instead of spinning on a core
+
+    report.section(ctx, f"2. the pure-Python loop split across the {n} MPI rank(s) "
+                        f"(best of {args.repeat}, barrier to all-reduce)")
+    best, serial = float("inf"), float("inf")
+    for _ in range(args.repeat):  # serial on rank 0 and the split take turns, as in part 1
+        if ctx.rank == 0:
+            t0 = time.perf_counter()
+            cpu_task((0, args.loop))
+            serial = min(serial, time.perf_counter() - t0)
+        quiet_barrier(ctx.comm)
+        t0 = time.perf_counter()
+        (lo, hi), whole = sum_over_ranks(ctx, args.loop)
+        best = min(best, time.perf_counter() - t0)
+    report.say(ctx, f"pid {os.getpid()}  my part [{lo}, {hi})  sum of all parts {whole}")
+    if ctx.rank == 0:
+        speed["cpu_ranks"] = ratio(serial, best)
+        summary["cpu_time_ranks"] = round(best, 4)
+        print(f"serial on rank 0: {serial * 1e3:.1f} ms, split across {n} rank(s): {best * 1e3:.1f} ms "
+              f"-> {speed['cpu_ranks']:.2f}x")
+        rows[0].append(round(best * 1e3, 1))
+        rows[0].append(round(speed["cpu_ranks"], 2))
+        for row in rows[1:]:
+            row += ["", ""]
+
+    report.section(ctx, f"3. a pure-Python thread computes while the main thread waits {args.hold_ms} ms "
+                        f"(rank 0; best of {args.repeat})")
+    got, wait_rows = keep_computing(ctx, args.hold_ms / 1e3, args.repeat)
+    if ctx.rank == 0:
+        if n < 2:
+            print("(with 1 rank there is no one to send a message: the Recv rows need NP >= 2)")
+        print(report.table(["main thread", "waited ms", "its cpu ms", "thread batches/s", "of solo"],
+                           wait_rows, align=[False, True, True, True, True]))
+        print("the compute thread keeps its speed only when the wait releases the GIL; 'its cpu ms' "
+              "shows how much cpu the waiting thread itself burned (a polling wait shows up here)")
+        summary.update(got)
+
+    report.section(ctx, f"4. speedups vs serial ({workers} workers, {n} rank(s), "
+                        f"{cores} usable core(s), {text})")
+    if ctx.rank == 0:
+        print(report.table(["work", "serial ms", "threads ms", "procs ms", "threads x", "procs x",
+                            "ranks ms", "ranks x"], rows,
+                           align=[False, True, True, True, True, True, True, True]))
+        for line in conclusions(speed, got, gil_on, cores):
+            print("* " + line)
+        summary.update({f"{k}_speedup": round(v, 3) for k, v in speed.items()})
+
+    report.finish(ctx, {"lo": lo, "hi": hi, "ranks_sum": whole}, summary=summary)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Unit tests for lesson 06's pure parts (no MPI: the lesson imports MPI only inside main)."""
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def lesson():
+    spec = importlib.util.spec_from_file_location("gil_timings", os.path.join(ROOT, "lessons", "06_gil_timings.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("total,parts", [(0, 1), (1, 3), (10, 3), (12, 4), (1_000_001, 2), (7, 7), (5, 8)])
+def test_split_range_covers_contiguously_and_balanced(lesson, total, parts):
+    pieces = [lesson.split_range(total, parts, i) for i in range(parts)]
+    assert pieces[0][0] == 0 and pieces[-1][1] == total
+    for (lo, hi), (nlo, _) in zip(pieces, pieces[1:]):
+        assert hi == nlo  # no gap, no overlap
+    sizes = [hi - lo for lo, hi in pieces]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_cpu_task_is_the_arithmetic_series(lesson):
+    assert lesson.cpu_task((0, 1001)) == 1000 * 1001 // 2
+    assert lesson.cpu_task((10, 20)) == sum(range(10, 20))
+    assert lesson.cpu_task((5, 5)) == 0
+
+
+def test_numpy_task_counts_elements_across_blocks(lesson):
+    n = 2 * lesson.NUMPY_BLOCK + 17  # a partial last block
+    assert lesson.numpy_task((3, 3 + n)) == pytest.approx(n, rel=1e-12)
+
+
+def test_wait_task_and_ratio(lesson):
+    assert lesson.wait_task(0) == 1
+    assert lesson.ratio(3.0, 1.5) == 2.0
+    assert lesson.ratio(1.0, 0.0) != lesson.ratio(1.0, 0.0)  # nan, not a crash
+
+
+def test_race_keeps_the_best_time_and_a_result(lesson):
+    calls = []
+    best = lesson.race({"a": lambda: calls.append("a") or 7, "b": lambda: calls.append("b") or 8}, 3)
+    assert calls == ["a", "b"] * 3  # the runs take turns
+    assert best["a"][1] == 7 and best["b"][1] == 8 and best["a"][0] >= 0
+
+
+def test_interpreter_reports_gil_state(lesson):
+    text, gil_on, free_build = lesson.interpreter()
+    assert ("GIL ON" in text) == gil_on and isinstance(free_build, bool)
+    assert gil_on or free_build  # the GIL can only be off on a free-threaded build
+
+
+def test_flag_types_refuse_bad_input(lesson):
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError):
+        lesson.workers_count("1")
+    with pytest.raises(argparse.ArgumentTypeError):
+        lesson.positive_int("0")
+    with pytest.raises(argparse.ArgumentTypeError):
+        lesson.positive_int("-5")
+    assert lesson.workers_count("3") == 3
+
+
+def test_conclusions_follow_the_numbers(lesson):
+    speed = {"cpu_threads": 0.95, "cpu_processes": 1.9, "cpu_ranks": 1.8, "numpy_threads": 1.6,
+             "wait_threads": 2.0}
+    text = "\n".join(lesson.conclusions(speed, {"recv_fraction": 0.97, "hold_fraction": 0.02}, True, 2))
+    assert "0.95x (no real gain)" in text and "97%" in text and "one process per GPU" in text
+    text = "\n".join(lesson.conclusions({**speed, "cpu_threads": 1.9}, {}, False, 2))
+    assert "1.90x (gain)" in text and "noisy" not in text
