@@ -99,7 +99,16 @@ def _one_check(check, doc):
     ok = bool(picked) and not bad
     tol = "".join(f" ({k} {check[k]})" for k in ("rtol", "atol") if k in check)
     return [{"name": check["name"], "ok": ok, "got": bad if bad else _summarise(gots),
-             "want": f"{OPS[op]} {_summarise(wants)}{tol}"}]
+             "want": f"{OPS[op]} {_show(_summarise(wants))}{tol}"}]
+
+
+def _show(value):
+    """Floats to 6 significant digits, so a computed bound reads 3.6e-07, not 3.5999999999999994e-07."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
 
 
 def _summarise(values):

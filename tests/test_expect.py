@@ -62,3 +62,8 @@ def test_no_items_is_a_failure_not_a_pass():
 def test_a_check_whose_expression_cannot_be_evaluated_fails_instead_of_crashing():
     result = run_checks([{"name": "c", "value": "summary.ratio", "ge": 0, "when": "race == 1"}], DOC)[0]
     assert not result["ok"] and "unknown name 'race'" in result["got"]
+
+
+def test_wanted_values_read_well():
+    assert check(value="ranks[*].rank", equals="rank")["want"] == "== [0, 1, 2]"
+    assert check(value="summary.ratio", le="0.1 + 0.2")["want"] == "<= 0.3"
