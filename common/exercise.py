@@ -105,7 +105,8 @@ def explain(lesson, outcome, checks, script, lines):
         said.append(line)
     for c in checks or []:
         if not c["ok"]:
-            got = c["got"] if not isinstance(c["got"], list) else "; ".join(map(str, c["got"]))
+            got = c["got"] if not isinstance(c["got"], list) else "; ".join(map(str, c["got"][:4])) + (
+                f"; … ({len(c['got']) - 4} more)" if len(c["got"]) > 4 else "")
             said.append(f"check failed: \"{c['name']}\": wanted {paths.get(c['name'], 'the value')} "
                         f"{c['want']}, but got {got}")
     return said
