@@ -5,10 +5,10 @@ Progress is one small file, .tutor/progress.json (git-ignored), written atomical
 """
 import json
 import os
-import tempfile
 
 from common.catalog import ROOT
 from common.exercise import MARK, PracticeError, find_regions, make_stub
+from common.report import atomic_write
 
 
 def practice_dir():
@@ -17,18 +17,6 @@ def practice_dir():
 
 def copy_path(lesson):
     return os.path.join(practice_dir(), lesson.name + ".py")
-
-
-def _atomic_write(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix="." + os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def write_copy(lesson, force=False):
@@ -46,7 +34,7 @@ def write_copy(lesson, force=False):
                                 f"`bin/tutor practice {lesson.id} --force`")
         backup = path + ".bak"
         os.replace(path, backup)
-    _atomic_write(path, make_stub(text, lesson.id, os.path.relpath(lesson.path)))
+    atomic_write(path, make_stub(text, lesson.id, os.path.relpath(lesson.path)))
     update(lesson, state="in progress")
     return path, regions, backup
 
@@ -70,7 +58,7 @@ def load_progress():
 def update(lesson, **fields):
     data = load_progress()
     data.setdefault(lesson.name, {}).update(fields)
-    _atomic_write(progress_path(), json.dumps(data, indent=1, sort_keys=True) + "\n")
+    atomic_write(progress_path(), json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data[lesson.name]
 
 

@@ -55,19 +55,22 @@ def _plain(value):
     raise TypeError(f"cannot put {type(value).__name__} in the results JSON")
 
 
-def write_json(path, doc):
-    """Write atomically: a temp file in the same folder, then rename, so a reader never sees half."""
+def atomic_write(path, text):
+    """Write a temp file in the same folder, then rename: a reader sees the old file or the new one."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".results-", suffix=".json", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, default=_plain)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def write_json(path, doc):
+    atomic_write(path, json.dumps(doc, indent=1, default=_plain) + "\n")
 
 
 def finish(ctx, values, summary=None, params=None):

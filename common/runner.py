@@ -4,7 +4,7 @@ import re
 import signal
 
 from common import catalog, devices, expect, launch
-from common.report import table
+from common.report import atomic_write, table
 
 
 class UsageError(ValueError):
@@ -138,7 +138,4 @@ def write_junit(path, cases):
                          f'{escape(chr(10).join(why + outcome.tail[-40:]))}</failure>')
         parts.append("  </testcase>")
     parts.append("</testsuite>\n")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(parts))
-    os.replace(tmp, path)
+    atomic_write(path, "\n".join(parts))
