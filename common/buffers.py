@@ -47,3 +47,13 @@ def nccl_dtype(x):
     from cupy.cuda import nccl
     return {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64,
             "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}[x.dtype.name]
+
+
+def size(x):
+    """Number of items in a NumPy, CuPy or torch buffer."""
+    return x.numel() if hasattr(x, "numel") else x.size
+
+
+def nbytes(x):
+    """Bytes in a NumPy, CuPy or torch buffer."""
+    return x.numel() * x.element_size() if hasattr(x, "numel") else x.nbytes

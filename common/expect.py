@@ -5,8 +5,10 @@
       le: 1.0e-6                       # equals | le | ge | lt | gt, with rtol / atol for equals
       when: np >= 2                    # optional: the check applies only when this is true
 
-Wanted values that are strings are expressions (common.expr) in np, rank, api, device, transport
-and the lesson's params, so expectations are closed forms independent of the lesson's arithmetic.
+Wanted values that are strings are expressions (common.expr) in np, api, device, transport, the
+lesson's params, and the scalar fields of every list item the path went through: in
+`ranks[*].runs[*].bytes_sent` the expression sees the rank item's `rank` and the run item's `count`
+(inner items win). So expectations are closed forms independent of the lesson's arithmetic.
 """
 import math
 import re
@@ -19,8 +21,9 @@ MISSING = object()
 
 
 def select(doc, path):
-    """[(label, value, item)] for a path; label names the rank for ranks[*] items."""
-    found = [("", doc, None)]
+    """[(label, value, binds)] for a path; binds holds the scalar fields of the list items passed
+    through, the label names them (`rank 1`, `rank 1 [2]`)."""
+    found = [("", doc, {})]
     pos = 0
     while pos < len(path):
         m = _TOKEN.match(path, pos)
@@ -31,28 +34,36 @@ def select(doc, path):
         if key is None and index is None:
             continue  # the "." between keys
         nxt = []
-        for label, value, item in found:
+        for label, value, binds in found:
             if key is not None:
-                nxt.append((label, value.get(key, MISSING) if isinstance(value, dict) else MISSING, item))
-            elif index is not None:
-                if not isinstance(value, list):
-                    nxt.append((label, MISSING, item))
-                elif index == "*":
-                    nxt += [(f"rank {v.get('rank', i)}" if isinstance(v, dict) else f"[{i}]", v, v)
-                            for i, v in enumerate(value)]
-                else:
-                    i = int(index)
-                    nxt.append((label, value[i] if -len(value) <= i < len(value) else MISSING, item))
+                nxt.append((label, value.get(key, MISSING) if isinstance(value, dict) else MISSING, binds))
+            elif not isinstance(value, list):
+                nxt.append((label, MISSING, binds))
+            else:
+                picks = range(len(value)) if index == "*" else [int(index)]
+                for i in picks:
+                    if not -len(value) <= i < len(value):
+                        nxt.append((label, MISSING, binds))
+                        continue
+                    v = value[i]
+                    here = f"rank {v['rank']}" if isinstance(v, dict) and "rank" in v and not label else f"[{i}]"
+                    nxt.append(((label + " " + here).strip() if index == "*" else label, v,
+                                {**binds, **_scalars(v)}))
         found = nxt
     return found
 
 
-def names_for(doc, item=None):
+def _scalars(item):
+    if not isinstance(item, dict):
+        return {}
+    return {k: v for k, v in item.items() if isinstance(v, (int, float, str, bool))}
+
+
+def names_for(doc, binds=None):
     names = {"np": doc.get("np"), "api": doc.get("api"), "device": doc.get("device"),
              "transport": doc.get("transport")}
     names.update(doc.get("params") or {})
-    if isinstance(item, dict) and "rank" in item:
-        names["rank"] = item["rank"]
+    names.update(binds or {})
     return names
 
 
@@ -89,8 +100,8 @@ def _one_check(check, doc):
     raw = check[op]
     picked = select(doc, check["value"])
     bad, wants, gots = [], [], []
-    for label, got, item in picked:
-        want = expr.evaluate(raw, names_for(doc, item)) if isinstance(raw, str) else raw
+    for label, got, binds in picked:
+        want = expr.evaluate(raw, names_for(doc, binds)) if isinstance(raw, str) else raw
         shown = "missing" if got is MISSING else got
         wants.append(want)
         gots.append(shown)

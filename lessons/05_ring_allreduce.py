@@ -34,12 +34,11 @@ Read any nccl-tests line:  bin/tutor busbw --op allreduce --bytes B --time-us T 
 import argparse
 import os
 import sys
-import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bandwidth, bootstrap, buffers, report, shards  # noqa: E402
+from common import bandwidth, bootstrap, buffers, p2p, report, shards  # noqa: E402
 
 DTYPES = ("float32", "float64", "int32")
 EPS = {"float32": 1.2e-7, "float64": 2.3e-16, "int32": 0.0}  # machine epsilon (ints: exact)
@@ -88,69 +87,6 @@ def ring_allreduce(buf, scratch, bounds, rank, n, exchange, add, after_step=None
             after_step(phase, step, send, recv)
 
 
-# one neighbour exchange per API: send `out` to the right, receive `into` from the left, both at once
-def mpi_backend(ctx):
-    from mpi4py import MPI
-
-    def exchange(out, into, right, left):
-        ctx.comm.Sendrecv(out, dest=right, recvbuf=into, source=left)
-
-    def allreduce(buf):  # the library, in place
-        ctx.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    return types.SimpleNamespace(exchange=exchange, allreduce=allreduce, sync=None)
-
-
-def nccl_backend(ctx):
-    import cupy
-    from cupy.cuda import nccl
-    stream = cupy.cuda.get_current_stream()
-
-    def exchange(out, into, right, left):
-        nccl.groupStart()  # grouped: send and recv progress together, so neither blocks the other
-        if out.size:
-            ctx.nccl.send(out.data.ptr, out.size, buffers.nccl_dtype(out), right, stream.ptr)
-        if into.size:
-            ctx.nccl.recv(into.data.ptr, into.size, buffers.nccl_dtype(into), left, stream.ptr)
-        nccl.groupEnd()
-
-    def allreduce(buf):
-        ctx.nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, buffers.nccl_dtype(buf), nccl.NCCL_SUM,
-                           stream.ptr)
-    return types.SimpleNamespace(exchange=exchange, allreduce=allreduce, sync=stream.synchronize)
-
-
-def torch_backend(ctx):
-    import torch
-    import torch.distributed as dist
-
-    def exchange(out, into, right, left):
-        ops = []  # empty chunks (count < N) are skipped on both sides: gloo rejects empty tensors
-        if out.numel():
-            ops.append(dist.P2POp(dist.isend, out, right))
-        if into.numel():
-            ops.append(dist.P2POp(dist.irecv, into, left))
-        for req in dist.batch_isend_irecv(ops) if ops else []:
-            req.wait()
-
-    def allreduce(buf):
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-    sync = None
-    if ctx.device == "gpu":
-        sync = torch.cuda.synchronize
-        dist.all_reduce(torch.zeros(1, device="cuda"))  # nccl: let every rank join before any p2p batch
-    return types.SimpleNamespace(exchange=exchange, allreduce=allreduce, sync=sync)
-
-
-def make_backend(ctx):
-    if ctx.api == "torch":
-        return torch_backend(ctx)
-    return nccl_backend(ctx) if ctx.device == "gpu" else mpi_backend(ctx)
-
-
-def nbytes(x):
-    return x.numel() * x.element_size() if hasattr(x, "numel") else x.nbytes
-
-
 class Tally:
     """Wraps an exchange and counts what this rank did: steps, bytes sent, to whom."""
 
@@ -159,7 +95,7 @@ class Tally:
 
     def __call__(self, out, into, right, left):
         self.steps += 1
-        self.bytes_sent += nbytes(out)
+        self.bytes_sent += buffers.nbytes(out)
         self.dests.add(right)
         self.exchange(out, into, right, left)
 
@@ -191,8 +127,7 @@ def check_counts(ctx, args, be):
         tally = Tally(be.exchange)
         ring_allreduce(ring, scratch, bounds, rank, n, tally, inplace_add)
         be.allreduce(lib)
-        if be.sync:
-            be.sync()  # gpu work is async: finish before the host reads
+        be.sync()  # gpu work is async: finish before the host reads
         got, want = buffers.to_host(ring).astype(np.float64), buffers.to_host(lib).astype(np.float64)
         diff = np.abs(got - want)
         rel = float((diff / np.maximum(np.abs(want), 1e-30)).max()) if count else 0.0
@@ -245,8 +180,7 @@ def race(ctx, args, be, pick, sweep):
         scratch = buffers.empty(ctx, max(b - a for a, b in bounds), args.dtype)
         ring_allreduce(ring, scratch, bounds, rank, n, be.exchange, inplace_add)  # once, for #wrong
         be.allreduce(lib)
-        if be.sync:
-            be.sync()
+        be.sync()
         wrong = int((buffers.to_host(ring) != buffers.to_host(lib)).sum())
         wrong = ctx.comm.allreduce(wrong)
         # timed in place, over and over: values grow, the work per call does not
@@ -310,11 +244,10 @@ def main():
         sweep = bandwidth.sizes(pick["begin"], pick["end"], pick["mult"])
     except ValueError as exc:
         ctx.fail(str(exc))
-    be = make_backend(ctx)
+    be = p2p.backend(ctx)  # exchange: comm.Sendrecv / grouped ncclSend+ncclRecv / batch_isend_irecv
     itemsize = np.dtype(args.dtype).itemsize
     raced = not args.no_race and n > 1
-    params = {"dtype": args.dtype, "itemsize": itemsize, "race": int(raced), "ncounts": len(args.counts),
-              **{f"count{i}": c for i, c in enumerate(args.counts)}}
+    params = {"dtype": args.dtype, "itemsize": itemsize, "race": int(raced), "counts": args.counts}
 
     if args.trace:
         whiteboard(ctx, min(args.counts, key=lambda c: (c < n, c)))

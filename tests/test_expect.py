@@ -67,3 +67,19 @@ def test_a_check_whose_expression_cannot_be_evaluated_fails_instead_of_crashing(
 def test_wanted_values_read_well():
     assert check(value="ranks[*].rank", equals="rank")["want"] == "== [0, 1, 2]"
     assert check(value="summary.ratio", le="0.1 + 0.2")["want"] == "<= 0.3"
+
+
+NESTED = {"np": 2, "params": {"count": 99, "itemsize": 4},
+          "ranks": [{"rank": r, "runs": [{"rank": r, "count": c, "sent": 4 * c + r} for c in (0, 5, 7)]}
+                    for r in range(2)]}
+
+
+def test_nested_items_bind_their_fields_and_inner_items_win():
+    picked = select(NESTED, "ranks[*].runs[*].sent")
+    assert [label for label, _, _ in picked][:4] == ["rank 0 [0]", "rank 0 [1]", "rank 0 [2]", "rank 1 [0]"]
+    assert [b["count"] for _, _, b in picked] == [0, 5, 7, 0, 5, 7]  # the run's count, not params' 99
+    good = run_checks([{"name": "c", "value": "ranks[*].runs[*].sent", "equals": "itemsize*count + rank"}],
+                      NESTED)[0]
+    assert good["ok"], good
+    bad = run_checks([{"name": "c", "value": "ranks[*].runs[*].sent", "equals": "itemsize*count"}], NESTED)[0]
+    assert not bad["ok"] and bad["got"] == ["rank 1 [0]: 1", "rank 1 [1]: 21", "rank 1 [2]: 29"]

@@ -1,0 +1,91 @@
+"""Point-to-point primitives per API, the bricks the hand-made collectives (lessons 05, 07) stand on.
+
+    be = p2p.backend(ctx)
+    be.exchange(out, into, dest, source)   # send `out` to dest while receiving `into` from source
+    be.group([(buf, dest)], [(buf, source)])   # any number of sends and receives, all in flight at once
+    be.allreduce(buf)                      # the library's own all-reduce (SUM, in place), to race or check
+    be.sync()                              # gpu: wait for queued work before the host reads or the clock stops
+
+    mpi4py, cpu:  comm.Sendrecv / comm.Send / comm.Recv; Isend + Irecv + Request.Waitall for a group
+    mpi4py, gpu:  ncclSend + ncclRecv between nccl.groupStart() and groupEnd() (CuPy arrays)
+    torch:        dist.batch_isend_irecv of P2POps (gloo on cpu, nccl on gpu)
+
+Empty buffers are skipped on both sides (gloo rejects empty tensors), so both sides must agree on the
+sizes; messages between the same two ranks match in the order they are posted (NCCL has no tags).
+"""
+import types
+
+from common import buffers
+
+
+def _nonempty(pairs):
+    return [(buf, peer) for buf, peer in pairs if buf is not None and buffers.size(buf)]
+
+
+def mpi_backend(ctx):
+    from mpi4py import MPI
+    comm = ctx.comm
+
+    def exchange(out, into, dest, source):
+        sending, receiving = _nonempty([(out, dest)]), _nonempty([(into, source)])
+        if sending and receiving:
+            comm.Sendrecv(out, dest=dest, recvbuf=into, source=source)
+        elif sending:
+            comm.Send(out, dest=dest)
+        elif receiving:
+            comm.Recv(into, source=source)
+
+    def group(sends, recvs):
+        reqs = [comm.Isend(buf, dest=peer) for buf, peer in _nonempty(sends)]
+        reqs += [comm.Irecv(buf, source=peer) for buf, peer in _nonempty(recvs)]
+        MPI.Request.Waitall(reqs)
+
+    def allreduce(buf):
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    return types.SimpleNamespace(exchange=exchange, group=group, allreduce=allreduce, sync=lambda: None)
+
+
+def nccl_backend(ctx):
+    import cupy
+    from cupy.cuda import nccl
+    stream = cupy.cuda.get_current_stream()
+
+    def group(sends, recvs):
+        nccl.groupStart()  # grouped: every send and recv progresses together, none blocks another
+        for buf, peer in _nonempty(sends):
+            ctx.nccl.send(buf.data.ptr, buf.size, buffers.nccl_dtype(buf), peer, stream.ptr)
+        for buf, peer in _nonempty(recvs):
+            ctx.nccl.recv(buf.data.ptr, buf.size, buffers.nccl_dtype(buf), peer, stream.ptr)
+        nccl.groupEnd()
+
+    def allreduce(buf):
+        ctx.nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, buffers.nccl_dtype(buf), nccl.NCCL_SUM,
+                           stream.ptr)
+    return types.SimpleNamespace(exchange=lambda out, into, dest, source: group([(out, dest)], [(into, source)]),
+                                 group=group, allreduce=allreduce, sync=stream.synchronize)
+
+
+def torch_backend(ctx):
+    import torch
+    import torch.distributed as dist
+
+    def group(sends, recvs):
+        ops = [dist.P2POp(dist.isend, buf, peer) for buf, peer in _nonempty(sends)]
+        ops += [dist.P2POp(dist.irecv, buf, peer) for buf, peer in _nonempty(recvs)]
+        for req in dist.batch_isend_irecv(ops) if ops else []:
+            req.wait()
+
+    def allreduce(buf):
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    sync = lambda: None  # noqa: E731
+    if ctx.device == "gpu":
+        sync = torch.cuda.synchronize
+        dist.all_reduce(torch.zeros(1, device="cuda"))  # nccl: let every rank join before any p2p batch
+    return types.SimpleNamespace(exchange=lambda out, into, dest, source: group([(out, dest)], [(into, source)]),
+                                 group=group, allreduce=allreduce, sync=sync)
+
+
+def backend(ctx):
+    if ctx.api == "torch":
+        return torch_backend(ctx)
+    return nccl_backend(ctx) if ctx.device == "gpu" else mpi_backend(ctx)
