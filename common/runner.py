@@ -3,7 +3,7 @@ import os
 import re
 import signal
 
-from common import catalog, devices, expect, launch
+from common import catalog, devices, expect, launch, rundir
 from common.report import atomic_write, table
 
 
@@ -82,7 +82,7 @@ def explain(lesson, outcome, checks):
         lines.append(f"TIMEOUT: {lesson.name} ran past its {outcome.limit:g} s limit; every rank was ended. "
                      "Where each rank was:")
         for rank in sorted(outcome.stacks):
-            own, inner = launch.blocked_at(outcome.stacks[rank])
+            own, inner = rundir.blocked_at(outcome.stacks[rank])
             where = f"{own[0]}() at {own[1]}" if own else "?"
             deeper = f"  (inside {inner[0]}() at {inner[1]})" if inner and inner != own else ""
             lines.append(f"  rank {rank}: {where}{deeper}")

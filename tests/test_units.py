@@ -1,11 +1,11 @@
-"""Tier 1: the pure parts of bootstrap, devices, report and launch (no MPI)."""
+"""Tier 1: the pure parts of bootstrap, devices, report and rundir (no MPI)."""
 import json
 import os
 import threading
 
 import pytest
 
-from common import bootstrap, devices, launch, report
+from common import bootstrap, devices, report, rundir
 
 
 def test_decide():
@@ -73,9 +73,9 @@ def test_parse_stack_main_thread_innermost_first():
     dump = ('Thread 0x01 (most recent call first):\n  File "/x/other.py", line 3 in spin\n\n'
             'Current thread 0x02 (most recent call first):\n'
             '  File "/usr/lib/site-packages/torch/x.py", line 9 in recv\n'
-            f'  File "{launch.ROOT}/lessons/05_x.py", line 42 in ring\n'
-            f'  File "{launch.ROOT}/lessons/05_x.py", line 80 in main\n')
-    frames = launch.parse_stack(dump)
+            f'  File "{rundir.ROOT}/lessons/05_x.py", line 42 in ring\n'
+            f'  File "{rundir.ROOT}/lessons/05_x.py", line 80 in main\n')
+    frames = rundir.parse_stack(dump)
     assert frames[0] == ("recv", "/usr/lib/site-packages/torch/x.py:9")
-    own, inner = launch.blocked_at(frames)
+    own, inner = rundir.blocked_at(frames)
     assert own == ("ring", "lessons/05_x.py:42") and inner == frames[0]

@@ -1,0 +1,118 @@
+"""The runner's half of the watchdog: what the ranks left in the run folder, and ending them all.
+
+Each rank (common/watchdog.py) writes rankR.pid, dumps its stack to rankR.stack on SIGUSR1 and its
+uncaught error to rankR.error, all in $TUTOR_RUN_DIR. Ranks run in sessions of their own (MPICH's
+hydra calls setsid), so killing mpiexec's process group is not enough: end_tree also ends mpiexec's
+descendants and every rank whose environment names this run's folder.
+"""
+import os
+import re
+import signal
+import time
+
+from common.catalog import ROOT
+
+
+def descendants(pid):
+    """Every process below `pid` (from /proc), deepest last."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def rank_pids(run_dir):
+    pids = {}
+    for name in os.listdir(run_dir):
+        m = re.match(r"rank(\d+)\.pid$", name)
+        if m:
+            try:
+                with open(os.path.join(run_dir, name)) as f:
+                    pids[int(m.group(1))] = int(f.read().strip())
+            except (OSError, ValueError):
+                pass
+    return pids
+
+
+def dump_stacks(pid, run_dir, wait=3.0):
+    """Ask every rank for a faulthandler dump (SIGUSR1) and parse where each one is blocked."""
+    ranks = {r: p for r, p in rank_pids(run_dir).items() if _ours(p, run_dir)}
+    for rank_pid in ranks.values():
+        _signal(rank_pid, signal.SIGUSR1)
+    deadline = time.monotonic() + wait
+    stacks = {}
+    while time.monotonic() < deadline and len(stacks) < len(ranks):
+        time.sleep(0.1)
+        for rank in ranks:
+            path = os.path.join(run_dir, f"rank{rank}.stack")
+            frames = parse_stack(open(path).read()) if os.path.exists(path) else []
+            if frames:
+                stacks[rank] = frames
+    return stacks
+
+
+_FRAME = re.compile(r'File "(.+)", line (\d+) in (\S+)')
+
+
+def parse_stack(text):
+    """[(function, file:line)] of the current (main) thread, innermost first, from a faulthandler dump."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text.strip())
+    main = next((b for b in blocks if b.startswith("Current thread")), blocks[0] if blocks else "")
+    return [(fn, f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{line}")
+            for path, line, fn in _FRAME.findall(main)]
+
+
+def blocked_at(frames):
+    """The innermost frame in the kit's own files (the lesson's line), and the innermost overall."""
+    own = next((f for f in frames if not f[1].startswith(("/", "<"))), None)
+    return own, frames[0] if frames else None
+
+
+def read_errors(run_dir):
+    errors = {}
+    for name in os.listdir(run_dir):
+        m = re.match(r"rank(\d+)\.error$", name)
+        if m:
+            with open(os.path.join(run_dir, name)) as f:
+                errors[int(m.group(1))] = f.read().strip()
+    return errors
+
+
+def _signal(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _ours(pid, run_dir):
+    """True if process `pid` is a rank of this run (its environment names our run folder)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"TUTOR_RUN_DIR={run_dir}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def end_tree(proc, run_dir):
+    """SIGKILL mpiexec, everything below it, and every rank of this run: nothing is left."""
+    victims = [p for p in rank_pids(run_dir).values() if _ours(p, run_dir)]
+    if proc.poll() is None:
+        victims += descendants(proc.pid)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for victim in victims:
+        _signal(victim, signal.SIGKILL)
