@@ -8,6 +8,7 @@ A barrier does not order stdout (each rank's pipe is separate), so ordered outpu
 """
 import json
 import os
+import sys
 import tempfile
 
 
@@ -81,7 +82,8 @@ def finish(ctx, values, summary=None, params=None):
     if ctx.rank == 0:
         doc = {"lesson": ctx.lesson, "np": ctx.world_size, "api": ctx.api, "device": ctx.device,
                "transport": ctx.transport, "params": params if params is not None else ctx.params,
-               "ranks": ranks, "summary": summary or {}}
+               "ranks": ranks, "summary": summary or {},
+               "loaded": [m for m in ("torch", "cupy") if m in sys.modules]}  # what this path paid to import
         if ctx.json_path:
             write_json(ctx.json_path, doc)
     if ctx.api == "torch":

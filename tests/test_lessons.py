@@ -1,5 +1,6 @@
 """Tier 3: every real lesson under mpiexec, for each NP in its YAML check list and each API, on CPU,
 with the YAML's check args and a timeout; the GPU cases skip with a reason when there is no GPU."""
+import json
 import os
 
 import pytest
@@ -8,6 +9,8 @@ from common import catalog, devices
 from conftest import ROOT, tutor
 
 CASES, GPU_CASES, BROKEN = [], [], []
+# GUIDE §5: an --api mpi4py CPU run imports neither torch nor CuPy; except where torch is the subject
+TORCH_ON_MPI4PY = {"08_data_parallel": "its model is a torch model; MPI only moves the gradients"}
 for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
     try:
         meta = catalog.load_yaml(lesson.yaml_path)
@@ -20,28 +23,32 @@ for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
             CASES.append(pytest.param(lesson, meta, n, api, id=f"{lesson.name}-np{n}-{api}"))
 
 
-def run_case(lesson, meta, n, api, device):
-    proc = tutor("run", lesson.name, "-n", str(n), "--api", api, "--device", device, "--",
-                 *map(str, meta.get("args", [])), timeout=meta["timeout_s"] + 60)
+def run_case(lesson, meta, n, api, device, results):
+    proc = tutor("run", lesson.name, "-n", str(n), "--api", api, "--device", device, "--json", str(results),
+                 "--", *map(str, meta.get("args", [])), timeout=meta["timeout_s"] + 60)
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
     assert proc.returncode == 0, f"{lesson.name} np={n} api={api} failed:\n{tail}"
     assert "✗" not in proc.stdout and "PASS" in proc.stdout, tail
+    if api == "mpi4py" and device == "cpu":
+        loaded = set(json.loads(results.read_text())["loaded"])
+        allowed = {"torch"} if lesson.name in TORCH_ON_MPI4PY else set()
+        assert loaded <= allowed, f"an mpi4py CPU run of {lesson.name} imported {sorted(loaded - allowed)}"
 
 
 @pytest.mark.parametrize("lesson, meta, n, api", CASES)
-def test_lesson_on_cpu(lesson, meta, n, api):
+def test_lesson_on_cpu(lesson, meta, n, api, tmp_path):
     if meta.get("devices") == ["gpu"]:
         pytest.skip("GPU-only lesson")
-    run_case(lesson, meta, n, api, "cpu")
+    run_case(lesson, meta, n, api, "cpu", tmp_path / "results.json")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("lesson, meta, api", GPU_CASES)
-def test_lesson_on_gpu(lesson, meta, api):
+def test_lesson_on_gpu(lesson, meta, api, tmp_path):
     ready, why = devices.gpu_ready(api, 2)
     if not ready:
         pytest.skip(f"no GPU path here: {why}")
-    run_case(lesson, meta, 2, api, "gpu")
+    run_case(lesson, meta, 2, api, "gpu", tmp_path / "results.json")
 
 
 def test_every_lesson_has_valid_yaml():
