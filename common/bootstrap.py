@@ -43,6 +43,14 @@ def nonneg_int(text):
     return value
 
 
+def count_list(text):
+    """'0,1,7' -> [0, 1, 7]: a flag's comma-separated whole numbers >= 0 (at least one)."""
+    counts = [nonneg_int(c) for c in text.split(",") if c.strip()]
+    if not counts:
+        raise argparse.ArgumentTypeError("expected at least one count, e.g. 0,1,7")
+    return counts
+
+
 def lesson_parser(file, doc):
     """A parser with the flags every lesson shares; the lesson adds its own."""
     p = LessonParser(prog=os.path.basename(file), description=(doc or "").strip().split("\n\n")[0],

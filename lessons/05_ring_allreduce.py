@@ -31,7 +31,6 @@ The full race is a benchmark (minutes on a small machine): run it raw, or give b
   (--plot r.png needs matplotlib; --json PATH keeps every row; -b/-e/-f/-n/-w as in nccl-tests)
 Read any nccl-tests line:  bin/tutor busbw --op allreduce --bytes B --time-us T --ranks N
 """
-import argparse
 import os
 import sys
 
@@ -47,16 +46,6 @@ TRACE_MAX_NP = 8           # letters A..H on the whiteboard
 RACE = dict(begin="8", end="16M", mult=8, iters=5, warmup=2)        # default run: a short race
 LIBRARY = {"mpi": "MPI_Allreduce", "gloo": "gloo all_reduce", "nccl": "ncclAllReduce"}  # who we race
 BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)     # --bench: nccl-tests' defaults
-
-
-def count_list(text):
-    try:
-        counts = [bootstrap.nonneg_int(c) for c in text.split(",") if c.strip()]
-    except Exception as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not counts:
-        raise argparse.ArgumentTypeError("--counts needs at least one count")
-    return counts
 
 
 def ring_schedule(rank, n):
@@ -217,7 +206,7 @@ def write_csv(path, rows):
 
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--counts", type=count_list, default=None, metavar="C,C,...",
+    parser.add_argument("--counts", type=bootstrap.count_list, default=None, metavar="C,C,...",
                         help="element counts to run the ring on (default 0,1,N-1,7,1000003)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--trace", action="store_true", help="the symbolic whiteboard, per step and rank")
