@@ -7,6 +7,7 @@
 
     sizes("8", "128M", 2)   -> [8, 16, ..., 134217728]   (like nccl-tests' -b 8 -e 128M -f 2)
     seconds = time_op(comm, fn, warmup=5, iters=20)      (collective: the slowest rank's mean)
+    add_sweep_flags(parser, BENCH); pick, sizes_b = sweep_plan(args, DEFAULT, BENCH)   (a lesson's sweep)
 """
 import time
 
@@ -60,6 +61,28 @@ def sizes(begin, end, mult):
     while out[-1] * int(mult) <= e:
         out.append(out[-1] * int(mult))
     return out
+
+
+def add_sweep_flags(parser, bench):
+    """nccl-tests' -b/-e/-f/-n/-w, and --bench for the plan `bench` (a dict of those five), on a parser."""
+    from common.bootstrap import nonneg_int
+    parser.add_argument("--bench", action="store_true", help="the full sweep: -b {begin} -e {end} -f {mult} "
+                        "-n {iters} -w {warmup}".format(**bench))
+    parser.add_argument("-b", dest="begin", metavar="SIZE", help="smallest size in bytes (K, M, G ok)")
+    parser.add_argument("-e", dest="end", metavar="SIZE", help="largest size in bytes")
+    parser.add_argument("-f", dest="mult", type=nonneg_int, help="size multiplier per row")
+    parser.add_argument("-n", dest="iters", type=nonneg_int, help="timed iterations per size")
+    parser.add_argument("-w", dest="warmup", type=nonneg_int, help="warm-up iterations per size")
+
+
+def sweep_plan(args, default, bench):
+    """(pick, byte sizes): the flags given win over the plan's (--bench's, else `default`);
+    ValueError with one line when they make no sweep."""
+    pick = {k: getattr(args, k) if getattr(args, k) is not None else v
+            for k, v in (bench if args.bench else default).items()}
+    if pick["iters"] == 0:
+        raise ValueError("-n must be at least 1 timed iteration")
+    return pick, sizes(pick["begin"], pick["end"], pick["mult"])
 
 
 def human(nbytes):

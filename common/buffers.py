@@ -2,12 +2,24 @@
 
     x = buffers.on_device(ctx, np.arange(8.0))   # the API's own buffer, same values
     y = buffers.empty(ctx, 8, np.float64)         # an uninitialised receive buffer
+    x = buffers.seeded(SEED + rank, count, "float32")   # each rank's own reproducible data
     buffers.to_host(y)                            # back to NumPy, for printing and checks
 
 torch and CuPy are imported only on the paths that use them, so an mpi4py CPU run never loads them.
 On torch + CPU the tensor shares the NumPy array's memory, so tracemalloc still sees its bytes.
 """
 import numpy as np
+
+
+def seeded(seed, count, dtype, small_ints=False):
+    """Test data: floats in [0, 1) (so the sum is also the sum of |x|), ints in [-1000, 1000);
+    small_ints: 0..7 in any dtype, so every sum is exact whatever the order of additions."""
+    rng = np.random.default_rng(seed)
+    if small_ints:
+        return rng.integers(0, 8, count).astype(dtype)
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-1000, 1000, count).astype(dtype)
+    return rng.random(count).astype(dtype)
 
 
 def on_device(ctx, a):

@@ -93,22 +93,11 @@ def inplace_add(dst, src):
     dst += src  # numpy, cupy and torch all add in place into the view
 
 
-def rank_data(rank, count, dtype, small_ints=False):
-    """Rank r's buffer: floats in [0, 1) (so the sum is also the sum of |x|), ints in [-1000, 1000);
-    small_ints: 0..7 in any dtype, so every sum is exact whatever the order of additions."""
-    rng = np.random.default_rng(SEED + rank)
-    if small_ints:
-        return rng.integers(0, 8, count).astype(dtype)
-    if dtype == "int32":
-        return rng.integers(-1000, 1000, count).astype(dtype)
-    return rng.random(count).astype(dtype)
-
-
 def check_counts(ctx, args, be):
     """Section 1: the ring vs the library on every count; per-count values for the runner."""
     n, rank, runs, rows = ctx.world_size, ctx.rank, [], []
     for count in args.counts:
-        x = rank_data(rank, count, args.dtype)
+        x = buffers.seeded(SEED + rank, count, args.dtype)
         bounds = shards.chunk_bounds(count, n)
         ring = buffers.on_device(ctx, x.copy())
         lib = buffers.on_device(ctx, x.copy())
@@ -163,7 +152,7 @@ def race(ctx, args, be, pick, sweep):
     rows = []
     for size in sweep:
         count = max(size // itemsize, 1)
-        x = rank_data(rank, count, args.dtype, small_ints=True)
+        x = buffers.seeded(SEED + rank, count, args.dtype, small_ints=True)
         bounds = shards.chunk_bounds(count, n)
         ring, lib = buffers.on_device(ctx, x.copy()), buffers.on_device(ctx, x.copy())
         scratch = buffers.empty(ctx, max(b - a for a, b in bounds), args.dtype)
@@ -210,12 +199,7 @@ def main():
                         help="element counts to run the ring on (default 0,1,N-1,7,1000003)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--trace", action="store_true", help="the symbolic whiteboard, per step and rank")
-    parser.add_argument("--bench", action="store_true", help="the full sweep: -b 8 -e 128M -f 2 -n 20 -w 5")
-    parser.add_argument("-b", dest="begin", metavar="SIZE", help="smallest size in bytes (K, M, G ok)")
-    parser.add_argument("-e", dest="end", metavar="SIZE", help="largest size in bytes")
-    parser.add_argument("-f", dest="mult", type=bootstrap.nonneg_int, help="size multiplier per row")
-    parser.add_argument("-n", dest="iters", type=bootstrap.nonneg_int, help="timed iterations per size")
-    parser.add_argument("-w", dest="warmup", type=bootstrap.nonneg_int, help="warm-up iterations per size")
+    bandwidth.add_sweep_flags(parser, BENCH)
     parser.add_argument("--no-race", action="store_true", help="only the checked ring (section 1)")
     parser.add_argument("--csv", metavar="PATH", help="write the race table as CSV")
     parser.add_argument("--plot", metavar="PNG", help="busbw vs size as a PNG (needs matplotlib)")
@@ -225,12 +209,8 @@ def main():
         args.counts = [0, 1, n - 1, 7, 1000003]
     if args.trace and n > TRACE_MAX_NP:
         ctx.fail(f"--trace draws at most {TRACE_MAX_NP} ranks (letters A..H), got {n}")
-    pick = {k: getattr(args, k) if getattr(args, k) is not None else v
-            for k, v in (BENCH if args.bench else RACE).items()}  # flags given win over the plan's
-    if pick["iters"] == 0:
-        ctx.fail("-n must be at least 1 timed iteration")
     try:
-        sweep = bandwidth.sizes(pick["begin"], pick["end"], pick["mult"])
+        pick, sweep = bandwidth.sweep_plan(args, RACE, BENCH)  # -b/-e/-f/-n/-w given win over the plan's
     except ValueError as exc:
         ctx.fail(str(exc))
     be = p2p.backend(ctx)  # exchange: comm.Sendrecv / grouped ncclSend+ncclRecv / batch_isend_irecv

@@ -16,6 +16,16 @@ TUTOR = os.path.join(ROOT, "bin", "tutor")
 sys.path.insert(0, ROOT)
 
 
+def load_lesson(filename):
+    """A lesson file as a module, for its pure functions: lessons import numpy and common at the top
+    and start MPI only in main(), so this never initialises MPI."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(filename)[0].split("_", 1)[1],
+                                                  os.path.join(ROOT, "lessons", filename))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_tutor():
     loader = importlib.machinery.SourceFileLoader("tutor_cli", TUTOR)
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader("tutor_cli", loader))

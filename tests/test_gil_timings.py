@@ -1,18 +1,12 @@
 """Unit tests for lesson 06's pure parts (no MPI: the lesson imports MPI only inside main)."""
-import importlib.util
-import os
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import load_lesson
 
 
 @pytest.fixture(scope="module")
 def lesson():
-    spec = importlib.util.spec_from_file_location("gil_timings", os.path.join(ROOT, "lessons", "06_gil_timings.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_lesson("06_gil_timings.py")
 
 
 @pytest.mark.parametrize("total,parts", [(0, 1), (1, 3), (10, 3), (12, 4), (1_000_001, 2), (7, 7), (5, 8)])

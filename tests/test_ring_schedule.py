@@ -1,24 +1,13 @@
 """Lesson 05's ring, simulated in one process: the schedule, uneven chunks, bytes per rank (no MPI)."""
-import importlib.util
-import os
+import argparse
 
 import numpy as np
 import pytest
 
-from common import shards
+from common import bootstrap, shards
+from conftest import load_lesson
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_lesson():
-    path = os.path.join(ROOT, "lessons", "05_ring_allreduce.py")
-    spec = importlib.util.spec_from_file_location("ring05", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # imports numpy and common only; MPI starts in main()
-    return mod
-
-
-ring = load_lesson()
+ring = load_lesson("05_ring_allreduce.py")
 
 
 def simulate(n, count, dtype=np.int64):
@@ -87,7 +76,7 @@ def test_chunks_cover_the_buffer_evenly(count, parts):
 
 
 def test_count_list_flag():
-    assert ring.count_list("0,1,7") == [0, 1, 7]
-    for bad in ("", "-5", "1,x"):
-        with pytest.raises(Exception):
-            ring.count_list(bad)
+    assert bootstrap.count_list("0,1,7") == [0, 1, 7]
+    for bad in ("", ",", "-5", "1,x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bootstrap.count_list(bad)
