@@ -1,0 +1,177 @@
+"""Lesson 07's schedules simulated in one process (no MPI): sums, matching messages, closed forms,
+the double binary tree's shape, the TRG formulas and the tuner's switch table."""
+import math
+
+import numpy as np
+import pytest
+
+from conftest import load_lesson
+
+zoo = load_lesson("07_allreduce_algorithms.py")
+ALGOS = zoo.ALGOS
+
+
+def scheds(algo, n, count, k=3):
+    return [zoo.canonical(zoo.schedule(algo, r, n, count, k)) for r in range(n)]
+
+
+def simulate(algo, n, count, k=3):
+    """Run every rank's schedule in lockstep: a round's sends read the buffers as they were at the
+    round's start; adds and copies land after. Returns (buffers, per-rank tallies)."""
+    data = [np.arange(count, dtype=np.int64) * (r + 1) + 7 * r for r in range(n)]
+    bufs = [d.copy() for d in data]
+    ss = scheds(algo, n, count, k)
+    assert len({len(s) for s in ss}) <= 1, "every rank must run the same number of rounds"
+    tally = [dict(rounds=0, sent=0, recv=0) for _ in range(n)]
+    for i in range(len(ss[0]) if ss else 0):
+        msgs = {}
+        for r in range(n):
+            sends, recvs = ss[r][i]
+            for lo, hi, peer in sends:
+                msgs.setdefault((r, peer), []).append((lo, hi, bufs[r][lo:hi].copy()))
+                tally[r]["sent"] += hi - lo
+            if sends or recvs:
+                tally[r]["rounds"] += 1
+        for r in range(n):
+            for lo, hi, peer, op in ss[r][i][1]:
+                queue = msgs.get((peer, r), [])
+                assert queue, f"{algo} n={n} round {i}: rank {r} waits for {peer}, who sends nothing"
+                slo, shi, payload = queue.pop(0)  # posting order: the same size on both sides
+                assert (slo, shi) == (lo, hi), f"{algo} n={n} round {i}: {peer}->{r} sizes differ"
+                if op == "add":
+                    bufs[r][lo:hi] += payload
+                else:
+                    bufs[r][lo:hi] = payload
+                tally[r]["recv"] += hi - lo
+        assert all(not q for q in msgs.values()), f"{algo} n={n} round {i}: a send nobody receives"
+    return data, bufs, tally
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("n", range(1, 18))
+def test_every_rank_holds_the_exact_sum(algo, n):
+    for count in sorted({0, 1, max(n - 1, 0), n + 1, 1000, 1001}):
+        for k in ((1, 4) if algo == "dbt" else (1,)):
+            data, bufs, _ = simulate(algo, n, count, k)
+            want = np.sum(data, axis=0) if count else np.zeros(0, np.int64)
+            for r in range(n):
+                assert np.array_equal(bufs[r], want), f"{algo} n={n} count={count} k={k} rank {r}"
+
+
+def lg(n):
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+@pytest.mark.parametrize("n", range(1, 18))
+def test_closed_forms_rounds_and_bytes(n):
+    count = 64 * 1024  # divisible by every power of two <= 16
+    p2, r = zoo.fold(n)
+    fl = p2.bit_length() - 1
+    # ring: 2(n-1) rounds, 2(n-1)/n of the buffer
+    _, _, t = simulate("ring", n, count)
+    assert [x["rounds"] for x in t] == [2 * (n - 1)] * n
+    assert sum(x["sent"] for x in t) == 2 * (n - 1) * count
+    # rd: busiest rank floor(lg n) + 2 rounds when n is not a power of two
+    _, _, t = simulate("rd", n, count)
+    assert max(x["rounds"] for x in t) == fl + 2 * (r > 0)
+    for q in range(n):
+        sits_out = q < 2 * r and q % 2 == 0
+        want = count if sits_out else fl * count + (count if q < 2 * r else 0)
+        assert t[q]["sent"] == want and t[q]["recv"] == want
+    # rabenseifner, count divisible by p2: 2(p2-1)/p2 of the buffer in the core
+    _, _, t = simulate("rabenseifner", n, count)
+    core = 2 * (p2 - 1) * count // p2
+    for q in range(n):
+        sits_out = q < 2 * r and q % 2 == 0
+        assert t[q]["sent"] == (count if sits_out else core + (count if q < 2 * r else 0))
+    # tree: the root moves 2 ceil(lg n) buffers; all ranks together 2(n-1)
+    _, _, t = simulate("tree", n, count)
+    assert t[0]["sent"] + t[0]["recv"] == 2 * lg(n) * count
+    assert sum(x["sent"] for x in t) == 2 * (n - 1) * count
+    assert t[0]["rounds"] == 2 * lg(n)
+    # dbt: every non-root sends its half up once and gets it once, in each tree
+    for k in (1, 5):
+        _, _, t = simulate("dbt", n, count, k)
+        assert sum(x["sent"] for x in t) == 2 * (n - 1) * count
+        if n > 1:
+            assert len(scheds("dbt", n, count, k)[0]) == k + 2 * zoo.dbt_depth(n) - 1
+
+
+@pytest.mark.parametrize("n", range(2, 18))
+def test_double_binary_tree_shape(n):
+    first, second = zoo.dbt_trees(n)
+    for tree in (first, second):
+        assert sum(1 for r in tree if tree[r][0] < 0) == 1  # one root
+        assert all(len(tree[r][1]) <= 2 for r in tree)  # binary
+        for r in tree:  # parent and child agree
+            for kid in tree[r][1]:
+                assert tree[kid][0] == r
+        assert len(zoo.depths(tree)) == n  # every rank reaches the root
+    inner = lambda t: {r for r in t if t[r][1]}  # noqa: E731
+    both = inner(first) & inner(second)
+    if n % 2 == 0:
+        assert not both, f"n={n}: ranks {both} are inner in both trees"
+    else:
+        assert len(both) <= 1  # odd n: the shift leaves at most one rank inner twice
+    assert zoo.dbt_depth(n) == max(zoo.depths(first).values())
+
+
+def test_trg_formulas_at_a_hand_computed_point():
+    a, b, g, n, nb = 2e-6, 1e-9, 5e-10, 4, 1000
+    assert zoo.predict("ring", n, nb, a, b, g) == pytest.approx(6 * a + 1.5 * nb * b + 0.75 * nb * g)
+    assert zoo.predict("rd", n, nb, a, b, g) == pytest.approx(2 * (a + nb * b + nb * g))
+    assert zoo.predict("rabenseifner", n, nb, a, b, g) == pytest.approx(4 * a + 1.5 * nb * b + 0.75 * nb * g)
+    assert zoo.predict("tree", n, nb, a, b, g) == pytest.approx(4 * (a + nb * b) + 2 * nb * g)
+    # n = 5: rd on the 4-rank core plus the pre/post steps
+    assert zoo.predict("rd", 5, nb, a, b, g) == pytest.approx(2 * (a + nb * b + nb * g) + 2 * a + 2 * nb * b + nb * g)
+    assert zoo.predict("tree", 5, nb, a, b, g) == pytest.approx(6 * (a + nb * b) + 3 * nb * g)
+
+
+@pytest.mark.parametrize("algo", ["tree", "rd", "rabenseifner", "ring"])
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_schedule_cost_agrees_with_trg(algo, n):
+    a, b, g, nb = 3e-6, 2e-10, 4e-10, 840 * 64  # every n here divides it
+    per_rank = [zoo.schedule(algo, r, n, nb) for r in range(n)]
+    assert zoo.schedule_cost(per_rank, a, b, g) == pytest.approx(zoo.predict(algo, n, nb, a, b, g))
+
+
+def test_dbt_chunks_rule():
+    assert zoo.dbt_chunks(1, 1 << 20, 1e-6, 1e-10) == 1
+    D = zoo.dbt_depth(4)
+    assert zoo.dbt_chunks(4, 1 << 20, 1e-6, 1e-10) == round(math.sqrt((2 * D - 1) * 2 * (1 << 20) * 1e-10 / 1e-6))
+    assert zoo.dbt_chunks(4, 1 << 30, 1e-6, 1e-9) == zoo.KMAX
+
+
+def test_switch_table_on_made_up_timings():
+    times = {4096: {"rd": 1.0, "ring": 3.0, "tree": 2.0}, 65536: {"rd": 5.0, "ring": 4.0, "tree": 6.0},
+             1 << 20: {"rd": 50.0, "ring": 20.0, "tree": 60.0}, 1 << 24: {"rd": 500.0, "ring": 300.0, "tree": 200.0}}
+    table = zoo.switch_table(times)
+    assert table == [(4096, "rd"), (65536, "ring"), (1 << 20, "ring"), (1 << 24, "tree")]
+    assert zoo.switch_points(table) == "<= 4K: rd, <= 1M: ring, else tree"
+    assert zoo.choose(table, 100) == "rd"  # below the table: the smallest size's choice
+    assert zoo.choose(table, 65535) == "rd" and zoo.choose(table, 65536) == "ring"
+    assert zoo.choose(table, 1 << 30) == "tree"
+
+
+def test_mismatch_accepts_every_schedule_and_names_a_broken_one():
+    for algo in ALGOS:
+        for n in (1, 2, 3, 5, 8):
+            assert zoo.mismatch(scheds(algo, n, 10)) is None, (algo, n)
+    broken = scheds("ring", 3, 9)
+    sends, recvs = broken[0][0]
+    broken[0][0] = ([(0, 2, sends[0][2])], recvs)  # rank 0 sends a slice its neighbour does not expect
+    assert zoo.mismatch(broken) == "round 0: rank 0 sends slices [(0, 2)] to rank 1, which expects [(0, 3)]"
+    assert "different numbers of rounds" in zoo.mismatch([scheds("ring", 3, 9)[0][:-1]] + scheds("ring", 3, 9)[1:])
+
+
+@pytest.mark.parametrize("n", range(2, 18))
+def test_dbt_cost_bound_from_the_docstring(n):
+    """Busiest rank per round: at most 4 chunks sent and 2 added, so the cost is bounded as stated."""
+    k, half = 8, 1000
+    per_rank = [zoo.dbt_schedule(r, n, 2 * k * half, k) for r in range(n)]
+    for rounds in per_rank:
+        for sends, recvs in rounds:
+            assert sum(hi - lo for lo, hi, _ in sends) <= 4 * half
+            assert sum(hi - lo for lo, hi, _, op in recvs if op == "add") <= 2 * half
+    a, b, g, nb, D = 1e-6, 1e-9, 1e-9, 2 * k * half, zoo.dbt_depth(n)
+    assert zoo.schedule_cost(per_rank, a, b, g) <= (k + 2 * D - 1) * (a + 2 * nb / k * b + nb / k * g) + 1e-15
