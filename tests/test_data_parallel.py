@@ -1,0 +1,98 @@
+"""Lesson 08's pure parts, in one process: bucket packing and the uneven-shard loss arithmetic (no MPI)."""
+import argparse
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common import shards
+from conftest import ROOT, load_lesson
+
+PATH = os.path.join(ROOT, "lessons", "08_data_parallel.py")
+
+
+dp = load_lesson("08_data_parallel.py")
+
+
+def test_loading_the_lesson_imports_neither_mpi_nor_torch():
+    code = (f"import importlib.util, sys; sys.path.insert(0, {ROOT!r}); "
+            f"s = importlib.util.spec_from_file_location('m', {PATH!r}); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "print(sorted(k for k in ('mpi4py.MPI', 'torch', 'cupy') if k in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# ---- bucket packing -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nbytes, cap", [
+    ([4, 4, 4, 4, 4], 8), ([1, 2, 3, 4, 5, 6, 7], 7), ([10, 1, 1, 1, 30, 2], 5), ([3], 1),
+    ([0, 5, 0, 5], 5), ([8] * 32, 64), ([100, 1, 100], 100)])
+def test_buckets_reverse_order_cap_and_every_tensor_once(nbytes, cap):
+    plan = dp.pack_buckets(nbytes, cap)
+    flat = [i for b in plan for i in b]
+    assert flat == list(reversed(range(len(nbytes))))      # last parameter first, each exactly once
+    for b in plan:
+        assert len(b) == 1 or sum(nbytes[i] for i in b) <= cap   # only a lone tensor may exceed the cap
+    for b, nxt in zip(plan, plan[1:]):                     # greedy: a bucket closes only when full
+        assert sum(nbytes[i] for i in b) + nbytes[nxt[0]] > cap
+
+
+def test_a_tensor_larger_than_the_cap_gets_its_own_bucket():
+    plan = dp.pack_buckets([1, 1, 50, 1, 1], 4)
+    assert plan == [[4, 3], [2], [1, 0]]
+    assert dp.pack_buckets([], 4) == []
+
+
+@pytest.mark.parametrize("depth, size, cap", [(32, 32768, 262144), (32, 16384, 262144), (10, 524288, 1048576),
+                                              (10, 524288, 300000), (7, 3, 10), (5, 4, 4), (6, 9, 100)])
+def test_uniform_tensors_match_the_yaml_closed_form(depth, size, cap):
+    per = math.floor(cap / size)
+    want = depth if size > cap else math.ceil(depth / per)   # the YAML's formula
+    assert len(dp.pack_buckets([size] * depth, cap)) == want
+
+
+# ---- the uneven-shard loss arithmetic -----------------------------------------------------------------
+
+def grads(torch, model, loss):
+    model.zero_grad()
+    loss.backward()
+    return torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()])
+
+
+def test_sum_over_global_batch_is_exact_and_mean_of_means_is_not():
+    torch = pytest.importorskip("torch")
+    batch, n = 64, 3                                       # shards 22, 21, 21
+    model = dp.tiny_mlp(torch, torch.float64, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, dp.FEATURES, generator=gen, dtype=torch.float64)
+    y = torch.randn(batch, 1, generator=gen, dtype=torch.float64)
+    full = grads(torch, model, dp.per_sample_loss(model, x, y).mean())
+    bounds = shards.chunk_bounds(batch, n)
+    parts = [grads(torch, model, dp.per_sample_loss(model, x[a:b], y[a:b]).sum() / batch) for a, b in bounds]
+    means = [grads(torch, model, dp.per_sample_loss(model, x[a:b], y[a:b]).mean()) for a, b in bounds]
+    ddp = [grads(torch, model, dp.per_sample_loss(model, x[a:b], y[a:b]).sum() * n / batch) for a, b in bounds]
+    assert float((sum(parts) - full).abs().max()) < 1e-14          # sum / B, then SUM: the full gradient
+    assert float((sum(ddp) / n - full).abs().max()) < 1e-14        # DDP's / N undoes the * N
+    assert float((sum(means) / n - full).abs().max()) > 1e-6       # mean of means: wrong on uneven shards
+    equal = [grads(torch, model, dp.per_sample_loss(model, x[a:b], y[a:b]).mean())
+             for a, b in shards.chunk_bounds(batch, 4)]            # 4 shards of 16: equal, so right
+    assert float((sum(equal) / 4 - full).abs().max()) < 1e-14
+
+
+# ---- small helpers ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["0", "-3", "x", "nan", "inf"])
+def test_positive_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        dp.positive(float)(text)
+
+
+def test_positive_accepts_and_overlap_formula():
+    assert dp.positive(int)("7") == 7 and dp.positive(float)("0.25") == 0.25
+    assert dp.overlap_of(10.0, 4.0, 10.0) == 1.0    # comm fully hidden behind compute
+    assert dp.overlap_of(14.0, 4.0, 10.0) == 0.0    # one after the other
+    assert dp.overlap_of(1.0, 0.0, 1.0) == 0.0      # nothing to hide
