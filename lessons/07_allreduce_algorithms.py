@@ -607,6 +607,7 @@ def switch_points(table):
 
 
 def tuned_race(ctx, args, be, pick, table, model):
+    from mpi4py import MPI
     n, rank, itemsize = ctx.world_size, ctx.rank, np.dtype(args.dtype).itemsize
     rows = []
     for size, _ in table:
@@ -626,7 +627,8 @@ def tuned_race(ctx, args, be, pick, table, model):
         t = best_of(ctx, be, {"tuned": lambda: plan.run(be), "lib": lambda: be.allreduce(lib)},
                     pick["warmup"], iterations(pick, size))
         t_tuned, t_lib = t["tuned"], t["lib"]
-        rows.append(dict(size=count * itemsize, count=count, type=args.dtype, redop="sum", chosen=algo,
+        active = ctx.comm.allreduce(sum(1 for out, into, _, _ in plan.rounds if out or into), op=MPI.MAX)  # rounds it talks in
+        rows.append(dict(size=count * itemsize, count=count, type=args.dtype, redop="sum", chosen=algo, rounds=active,
                          tuned_us=t_tuned * 1e6, lib_us=t_lib * 1e6, wrong=wrong,
                          algbw=bandwidth.algbw(count * itemsize, t_tuned),
                          busbw=bandwidth.busbw("allreduce", count * itemsize, t_tuned, n),
@@ -725,9 +727,21 @@ def show_race(ctx, args, table, race, overhead):
                         for r in race]))
     slow = [r for r in race if r["ratio"] < 1]
     if slow:
-        print(f"tuned slower than the library at {len(slow)} of {len(race)} sizes "
-              f"({', '.join(bandwidth.human(r['size']) for r in slow)}): each of our rounds costs "
-              f"~{overhead * 1e6:.1f} us of Python (measured) plus a message, the library runs its rounds in C")
+        # the one cost we can price: Python walks each round (measured above), the library's rounds are C
+        rows = [(bandwidth.human(r["size"]), r["chosen"], r["rounds"], round(r["tuned_us"] - r["lib_us"], 1),
+                 round(r["rounds"] * overhead * 1e6, 1),
+                 "mostly Python" if r["rounds"] * overhead * 1e6 >= 0.5 * (r["tuned_us"] - r["lib_us"]) else
+                 "not Python: unexplained here") for r in slow]
+        print(f"tuned slower than the library at {len(slow)} of {len(race)} sizes. The part we can price: "
+              f"~{overhead * 1e6:.1f} us of Python per round (measured), which the library's C rounds do not pay:")
+        print(report.table(["size", "algo", "rounds", "gap us", "Python us", "so the gap is"], rows,
+                           align=[False, False, True, True, True, False]))
+        cores = len(os.sched_getaffinity(0))
+        if any(r[-1] != "mostly Python" for r in rows):
+            print("where it is not Python, the schedule is not to blame either (ours was the fastest of the five "
+                  "at that size): the rest is how the library moves its bytes, which this run does not measure"
+                  + (f"; and {ctx.world_size} ranks share {cores} cores, so every round also waits for the "
+                     "scheduler" if ctx.world_size > cores else ""))
     if args.csv:
         write_csv(args.csv, race)
         print(f"wrote {args.csv}")
