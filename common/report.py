@@ -74,6 +74,17 @@ def write_json(path, doc):
     atomic_write(path, json.dumps(doc, indent=1, default=_plain) + "\n")
 
 
+def write_csv(path, rows):
+    """Rows (dicts with the same keys) as CSV with a header line, written atomically."""
+    import csv
+    import io
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write(path, text.getvalue())
+
+
 def finish(ctx, values, summary=None, params=None):
     """Collective, once per rank: gather values to rank 0, write the JSON there, tear down."""
     mine = {"rank": ctx.rank, **values}

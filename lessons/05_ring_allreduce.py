@@ -185,14 +185,6 @@ def latency(ctx, be, dtype, iters):
                              3, iters, be.sync)
 
 
-def write_csv(path, rows):
-    import csv
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--counts", type=bootstrap.count_list, default=None, metavar="C,C,...",
@@ -253,7 +245,7 @@ def main():
                   f"{small['lib_us']:.1f} us = {small['lib_us'] / (alpha * 1e6):.1f} alphas (it picks a "
                   f"few-step algorithm for small messages); at large sizes bandwidth, not alpha, decides")
             if args.csv:
-                write_csv(args.csv, rows)
+                report.write_csv(args.csv, rows)
                 print(f"wrote {args.csv}")
             if args.plot:
                 print(bandwidth.save_png(args.plot, [r["size"] for r in rows],

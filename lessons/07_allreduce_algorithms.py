@@ -637,14 +637,6 @@ def tuned_race(ctx, args, be, pick, table, model):
     return rows
 
 
-def write_csv(path, rows):
-    import csv
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def reasons(ctx, model, overhead):
     """Why the model misses, each with its measured number."""
     n, cores = ctx.world_size, len(os.sched_getaffinity(0))
@@ -743,7 +735,7 @@ def show_race(ctx, args, table, race, overhead):
                   + (f"; and {ctx.world_size} ranks share {cores} cores, so every round also waits for the "
                      "scheduler" if ctx.world_size > cores else ""))
     if args.csv:
-        write_csv(args.csv, race)
+        report.write_csv(args.csv, race)
         print(f"wrote {args.csv}")
 
 
