@@ -59,10 +59,11 @@ def find_regions(text, where="lesson"):
     return regions
 
 
-def make_stub(text, lesson_id="NN", where="lesson"):
-    """The learner's version of a lesson: each region's body becomes a TODO and a loud failure."""
+def make_stub(text, lesson_id="NN", where="lesson", only=None):
+    """The learner's version of a lesson: each region's body (or only the one named) becomes a TODO
+    and a loud failure."""
     lines = text.splitlines(keepends=True)
-    for r in reversed(find_regions(text, where)):
+    for r in reversed([r for r in find_regions(text, where) if only in (None, r.name)]):
         lines[r.begin:r.end - 1] = [
             f"{r.indent}# TODO: write this part. `bin/tutor hint {lesson_id}` gives a hint; "
             f"`bin/tutor check {lesson_id} --mine` checks it.\n",

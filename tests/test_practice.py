@@ -1,8 +1,8 @@
 """Practice mode: exercise regions, stubs, the learner's copy, progress, hints, and the answer-key proof.
 
-The answer-key proof (last tests) runs every lesson in lessons/ that marks an exercise: for each NP in
-its YAML check list, the generated stub must fail a check or crash, on the mpi4py API with the YAML's
-`args:`. Its other half, the lesson itself passing that same run, is tests/test_lessons.py's mpi4py case,
+The answer-key proof (last tests) runs every exercise region of every lesson in lessons/: with only that
+region stubbed, some NP of the YAML check list must fail a check or crash (mpi4py API, the YAML's
+`args:`). Its other half, the lesson itself passing that same run, is tests/test_lessons.py's mpi4py case,
 so it is not run twice (the fixture test below runs both halves through answer_key).
 """
 import json
@@ -74,6 +74,16 @@ def test_stub_keeps_markers_and_fails_loudly():
     with pytest.raises(NotImplementedError, match="exercise first"):
         space["f"](0)
     assert exercise.make_stub("x = 1\n") == "x = 1\n"
+
+
+def test_stub_of_one_region_leaves_the_others():
+    stub = exercise.make_stub(SOURCE, "07", only="second")
+    assert "y = x + 1" in stub and "return z" not in stub and stub.count("NotImplementedError") == 1
+    space = {}
+    exec(compile(stub, "stub.py", "exec"), space)
+    assert space["f"](0) == 1  # the first region still runs
+    with pytest.raises(NotImplementedError, match="exercise second"):
+        space["f"](1)
 
 
 # ---- the learner's copy, progress, hints, solution ---------------------------------------------
@@ -170,14 +180,14 @@ def test_practice_check_fix_pass_list(sandbox):
 
 # ---- the answer-key proof ----------------------------------------------------------------------
 
-def answer_key(lesson, np, stub_path, with_reference=False):
-    """Why the stub did not pass (None if it passed) and, with_reference, why the lesson itself did not
-    (None if it passed). mpi4py, CPU, the YAML's args: the same run tests/test_lessons.py makes of the
-    lesson at every check NP, so the proof below leaves the reference to that test."""
+def answer_key(lesson, np, stub_path, with_reference=False, only=None):
+    """Why the stub (every region, or only the one named) did not pass (None if it passed) and, with
+    _reference, why the lesson itself did not. mpi4py, CPU, the YAML's args: the same run
+    tests/test_lessons.py makes of the lesson at every check NP, so the proof leaves the reference to it."""
     with open(lesson.path) as f:
         source = f.read()
     with open(stub_path, "w") as f:
-        f.write(exercise.make_stub(source, lesson.id))
+        f.write(exercise.make_stub(source, lesson.id, only=only))
     api = "mpi4py" if "mpi4py" in lesson.meta["apis"] else lesson.meta["apis"][0]
     reasons = []
     for script in (stub_path, None) if with_reference else (stub_path,):
@@ -197,32 +207,38 @@ def test_answer_key_catches_a_stub_that_passes_by_accident(sandbox):
     assert "exercise 'allreduce' is not done yet" in stub_reason and ref_reason is None
 
 
-def _lesson_cases():
+def _region_cases():
     folder = os.path.join(ROOT, "lessons")
     cases = []
     for lesson in catalog.lessons(folder):
         with open(lesson.path) as f:
-            if not any(exercise.MARK.match(line) for line in f):
-                continue
+            regions = exercise.find_regions(f.read(), lesson.path)
+        if not regions:
+            continue
         try:
             lesson = catalog.resolve(lesson.name, folder)
         except catalog.CatalogError as exc:
-            cases.append(pytest.param(lesson, 0, marks=pytest.mark.skip(reason=str(exc)), id=lesson.name))
+            cases.append(pytest.param(lesson, "", marks=pytest.mark.skip(reason=str(exc)), id=lesson.name))
             continue
-        for np in lesson.meta["np"]["check"]:
-            marks = [pytest.mark.skip(reason="needs a GPU")] if lesson.needs_gpu else []
-            cases.append(pytest.param(lesson, np, marks=marks, id=f"{lesson.name}-np{np}"))
+        marks = [pytest.mark.skip(reason="needs a GPU")] if lesson.needs_gpu else []
+        cases += [pytest.param(lesson, r.name, marks=marks, id=f"{lesson.name}-{r.name}") for r in regions]
     return cases
 
 
-@pytest.mark.parametrize("lesson, np", _lesson_cases())
-def test_answer_key_stub_fails(lesson, np, tmp_path, monkeypatch, capsys):
-    """The reference half of the proof is tests/test_lessons.py: the same lesson, NP, API and args."""
+@pytest.mark.parametrize("lesson, region", _region_cases())
+def test_answer_key_every_region_is_guarded(lesson, region, tmp_path, monkeypatch, capsys):
+    """With only this region stubbed, some check NP must fail (largest NP first: it runs the most code).
+    A region no check run reaches would let a learner 'pass' without writing it."""
     monkeypatch.setenv("PYTHONPATH", ROOT)  # the stub lives in tmp_path, away from common/
     monkeypatch.delenv("TUTOR_LESSONS", raising=False)
-    (stub_reason,) = answer_key(lesson, np, str(tmp_path / os.path.basename(lesson.path)))
-    with capsys.disabled():
-        shown = (stub_reason or "").replace(os.path.relpath(str(tmp_path)) + os.sep, "")
-        print(f"\n  answer key {lesson.name} np={np}: stub fails: {shown or 'NOTHING, it passed'}", end="")
-    assert stub_reason, f"{lesson.name} np={np}: the stub PASSED every check: an exercise region does not " \
-                        "guard what the checks test (or an except swallows NotImplementedError)"
+    tried = []
+    for np in sorted(lesson.meta["np"]["check"], reverse=True):
+        (reason,) = answer_key(lesson, np, str(tmp_path / os.path.basename(lesson.path)), only=region)
+        tried.append(np)
+        if reason:
+            with capsys.disabled():
+                shown = reason.replace(os.path.relpath(str(tmp_path)) + os.sep, "")
+                print(f"\n  answer key {lesson.name} [{region}] np={np}: stub fails: {shown}", end="")
+            return
+    pytest.fail(f"{lesson.name}: with exercise {region!r} stubbed, every check run passed (np {tried}): no "
+                "check run reaches it, or an except swallows NotImplementedError")
