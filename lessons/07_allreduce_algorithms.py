@@ -422,10 +422,11 @@ class Plan:
 def checked_plan(ctx, algo, count, k, buf, dtype):
     """This rank's Plan, once every rank's schedule is known to match (else every rank stops, one line)."""
     n = ctx.world_size
-    problem = mismatch([canonical(schedule(algo, q, n, count, k)) for q in range(n)])
+    every = [canonical(schedule(algo, q, n, count, k)) for q in range(n)]
+    problem = mismatch(every)
     if problem:
         ctx.fail(f"the {algo} schedule does not match on count {count}: {problem}")
-    return Plan(ctx, schedule(algo, ctx.rank, n, count, k), buf, dtype)
+    return Plan(ctx, every[ctx.rank], buf, dtype)
 
 
 # ---- section 1: every algorithm against the library ------------------------------------------------
@@ -439,8 +440,8 @@ def check_counts(ctx, args, be, model):
         be.allreduce(lib)
         be.sync()
         want = buffers.to_host(lib).astype(np.float64)
+        k = dbt_chunks(n, count * itemsize, model["alpha_all"], model["beta_ring"])  # dbt's pipeline depth
         for algo in args.algos:
-            k = dbt_chunks(n, count * itemsize, model["alpha_all"], model["beta_ring"])
             buf = buffers.on_device(ctx, x.copy())
             tally = dict(rounds=0, msgs=0, bytes_sent=0, bytes_recv=0)
             checked_plan(ctx, algo, count, k, buf, args.dtype).run(be, tally)
@@ -508,8 +509,8 @@ def measure_model(ctx, be, dtype, iters):
     n, rank = ctx.world_size, ctx.rank
     pts = pingpong(ctx, be, dtype, iters)
     alpha = min(t for b, t in pts if b <= SMALL)  # every size up to SMALL is latency-bound: each is alpha
-    _, beta = fit([p for p in pts if p[0] >= 65536])
     lo_fit, hi_fit = fit([p for p in pts if p[0] <= EAGER]), fit([p for p in pts if p[0] >= 65536])
+    beta = hi_fit[1]  # the large-message slope
     big = 1 << 20
     itemsize = np.dtype(dtype).itemsize
     a = buffers.on_device(ctx, np.ones(big // itemsize, dtype=dtype))
