@@ -103,11 +103,12 @@ def start(file, parser, argv=None):
               world_size=comm.size, local_rank=local.rank, local_size=local.size, host=hosts[comm.rank],
               api=args.api, device="cpu", transport="", why="", json_path=args.json,
               single_node=len(set(hosts)) == 1)
-    local.Free()
     if args.device == "cpu":
         ready, why = False, "asked for --device cpu"
-    else:
-        ready, why = devices.gpu_ready(args.api, ctx.local_size)
+    else:  # one nvidia-smi per node, not per rank; each rank still loads its own GPU stack
+        seen = local.bcast(devices.visible_gpus() if local.rank == 0 else None, root=0)
+        ready, why = devices.gpu_ready(args.api, ctx.local_size, seen)
+    local.Free()
     missing = [r for r in comm.allgather(None if ready else why) if r is not None]
     all_ready = not missing  # gpu only if every rank has one: one rank on cpu would stall NCCL
     why = why if all_ready else missing[0]

@@ -35,9 +35,10 @@ def visible_gpus():
     return n, f"{n} NVIDIA GPU(s) visible"
 
 
-def gpu_ready(api, local_size):
-    """(ok, why): can `local_size` ranks on this node each drive their own GPU through `api`?"""
-    n, why = visible_gpus()
+def gpu_ready(api, local_size, seen=None):
+    """(ok, why): can `local_size` ranks on this node each drive their own GPU through `api`?
+    seen: visible_gpus()'s answer when one rank of the node already asked (one nvidia-smi per node)."""
+    n, why = seen or visible_gpus()
     if n == 0:
         return False, why
     if local_size > n:
@@ -54,6 +55,9 @@ def gpu_ready(api, local_size):
         else:
             import cupy
             from cupy.cuda import nccl
+            if not nccl.available:  # CuPy stands in an empty module when libnccl does not load
+                return False, ("CuPy cannot load the NCCL library "
+                               "(.venv/bin/pip install -r requirements-gpu.txt)")
             nccl.get_version()
             cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # any import / driver failure means "not usable", with its reason
