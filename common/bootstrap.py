@@ -43,6 +43,19 @@ def nonneg_int(text):
     return value
 
 
+def positive(kind):
+    """A flag type: a finite number > 0 of `kind` (int or float), e.g. type=positive(float)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+        return value
+    return parse
+
+
 def count_list(text):
     """'0,1,7' -> [0, 1, 7]: a flag's comma-separated whole numbers >= 0 (at least one)."""
     counts = [nonneg_int(c) for c in text.split(",") if c.strip()]

@@ -54,8 +54,6 @@ Run it:
   make lesson-08 NP=4                         (API=torch; ARGS="--dtype float32 --bucket-mb 0.0625")
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/08_data_parallel.py --api mpi4py
 """
-import argparse
-import math
 import os
 import statistics
 import sys
@@ -74,18 +72,6 @@ DEPTH, WIDTH = 32, 64      # parts 2-3: DEPTH bias-free WIDTH x WIDTH layers, al
 DEEP_BATCH = 64            # rows per rank in parts 2-3
 BUCKET_MB = 0.25           # bucket cap: float64 S = 32 KiB, so 8 layers per bucket, 4 buckets
 REPS = 5                   # timed repetitions in parts 2-3 (median reported)
-
-
-def positive(kind):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-        if not 0 < value < math.inf:
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
-        return value
-    return parse
 
 
 # ---------------------------------------------------------------- the communication call
@@ -452,13 +438,13 @@ def show_parts23(ctx, s, errs):
 
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--steps", type=positive(int), default=STEPS, help=f"training steps (default {STEPS})")
-    parser.add_argument("--batch", type=positive(int), default=BATCH, help=f"global batch (default {BATCH})")
+    parser.add_argument("--steps", type=bootstrap.positive(int), default=STEPS, help=f"training steps (default {STEPS})")
+    parser.add_argument("--batch", type=bootstrap.positive(int), default=BATCH, help=f"global batch (default {BATCH})")
     parser.add_argument("--dtype", choices=sorted(TOL), default="float64")
-    parser.add_argument("--lr", type=positive(float), default=LR, help=f"SGD learning rate (default {LR})")
-    parser.add_argument("--bucket-mb", type=positive(float), default=BUCKET_MB,
+    parser.add_argument("--lr", type=bootstrap.positive(float), default=LR, help=f"SGD learning rate (default {LR})")
+    parser.add_argument("--bucket-mb", type=bootstrap.positive(float), default=BUCKET_MB,
                         help=f"bucket cap in MiB (default {BUCKET_MB})")
-    parser.add_argument("--reps", type=positive(int), default=REPS, help=f"timed repetitions (default {REPS})")
+    parser.add_argument("--reps", type=bootstrap.positive(int), default=REPS, help=f"timed repetitions (default {REPS})")
     args, ctx = bootstrap.start(__file__, parser)
     import torch  # the model is torch on both apis
     torch.set_num_threads(1)

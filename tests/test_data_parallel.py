@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from common import shards
+from common import bootstrap, shards
 from conftest import ROOT, load_lesson
 
 PATH = os.path.join(ROOT, "lessons", "08_data_parallel.py")
@@ -88,11 +88,11 @@ def test_sum_over_global_batch_is_exact_and_mean_of_means_is_not():
 @pytest.mark.parametrize("text", ["0", "-3", "x", "nan", "inf"])
 def test_positive_rejects(text):
     with pytest.raises(argparse.ArgumentTypeError):
-        dp.positive(float)(text)
+        bootstrap.positive(float)(text)
 
 
 def test_positive_accepts_and_overlap_formula():
-    assert dp.positive(int)("7") == 7 and dp.positive(float)("0.25") == 0.25
+    assert bootstrap.positive(int)("7") == 7 and bootstrap.positive(float)("0.25") == 0.25
     assert dp.overlap_of(10.0, 4.0, 10.0) == 1.0    # comm fully hidden behind compute
     assert dp.overlap_of(14.0, 4.0, 10.0) == 0.0    # one after the other
     assert dp.overlap_of(1.0, 0.0, 1.0) == 0.0      # nothing to hide
