@@ -1,8 +1,10 @@
 """Start a lesson under mpiexec, show its output live, and make sure it ends: timeout, Ctrl-C, cleanup
 (the run folder's pids, stacks and errors, and the killing, live in common/rundir.py).
 """
+import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -28,7 +30,7 @@ def mpiexec(np):
         if not argv or not shutil.which(argv[0]):
             raise LaunchError(f"MPIEXEC={custom!r}: {argv[0] if argv else 'nothing'} is not a program "
                               "found on PATH")
-        if _is_open_mpi(argv[0]):
+        if flavour(argv[0]) == "open-mpi":
             if np > (os.cpu_count() or 1) and "--oversubscribe" not in argv:
                 argv.append("--oversubscribe")
             if os.geteuid() == 0 and "--allow-run-as-root" not in argv:
@@ -40,12 +42,17 @@ def mpiexec(np):
     return [os.path.relpath(venv)]
 
 
-def _is_open_mpi(program):
+@functools.lru_cache(maxsize=None)
+def flavour(program):
+    """'hydra' (MPICH's mpiexec, the venv's), 'open-mpi', or '' when `--version` says neither."""
+    if os.path.abspath(program) == os.path.join(ROOT, ".venv", "bin", "mpiexec"):
+        return "hydra"
     try:
         out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=10)
-        return "Open MPI" in out.stdout + out.stderr or "OpenRTE" in out.stdout
     except (OSError, subprocess.SubprocessError):
-        return False
+        return ""
+    text = out.stdout + out.stderr
+    return "open-mpi" if "Open MPI" in text or "OpenRTE" in text else "hydra" if "HYDRA" in text else ""
 
 
 def python():
@@ -54,7 +61,26 @@ def python():
 
 
 def command(script, np, args=()):
-    return [*mpiexec(np), "-n", str(np), python(), "-m", "mpi4py", os.path.relpath(script), *args]
+    """The whole launch line. With hydra it asks for every rank's exit status (see hydra_statuses)."""
+    launcher = mpiexec(np)
+    if flavour(launcher[0]) == "hydra" and HYDRA_ALL_CODES not in launcher:
+        launcher.append(HYDRA_ALL_CODES)
+    return [*launcher, "-n", str(np), python(), "-m", "mpi4py", os.path.relpath(script), *args]
+
+
+# When one rank dies, hydra kills the others, with SIGKILL, and its "BAD TERMINATION ... PID" banner
+# names the first rank it finds with a bad status: now and then that is a rank it killed itself.
+# This flag makes it print every rank's wait status, one line the runner takes out of the output.
+HYDRA_ALL_CODES = "-print-all-exitcodes"
+_EXIT_CODES = re.compile(r"^\[mpiexec@[^\]]*\] Exit codes: (.*)$")
+
+
+def hydra_statuses(line):
+    """Each rank's wait status from hydra's 'Exit codes:' line, rank order; None if it is not that
+    line, or names several hosts (its order is then by host, which the runner cannot map to ranks)."""
+    m = _EXIT_CODES.match(line.strip())
+    hosts = re.findall(r"\[[^\]]+\] ([\d,]+)", m.group(1)) if m else []
+    return [int(x) for x in hosts[0].split(",")] if len(hosts) == 1 else None
 
 
 def usable_cores():
@@ -72,6 +98,7 @@ class Outcome:
     errors: dict = field(default_factory=dict)   # rank -> "ValueError: ... (file:line)"
     tail: list = field(default_factory=list)     # last lines of output
     pids: dict = field(default_factory=dict)     # rank -> pid, as the ranks wrote them
+    statuses: list = None                        # each rank's wait status, when hydra reported them
     limit: float = None                          # the timeout this run had
 
 
@@ -91,7 +118,7 @@ def run(cmd, timeout, results_path=None, echo=True, env=None):
         shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"cannot start {cmd[0]}: {exc.strerror}") from None
     out = Outcome(rc=0, seconds=0.0, limit=timeout)
-    reader = threading.Thread(target=_pump, args=(proc.stdout, out.tail, echo), daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc.stdout, out, echo), daemon=True)
     reader.start()
     try:
         out.rc = proc.wait(timeout=timeout)
@@ -116,11 +143,15 @@ def run(cmd, timeout, results_path=None, echo=True, env=None):
     return out
 
 
-def _pump(stream, tail, echo):
+def _pump(stream, out, echo):
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
+        statuses = hydra_statuses(line)
+        if statuses is not None:
+            out.statuses = statuses
+            continue
         if echo:
             sys.stdout.write(line)
             sys.stdout.flush()
-        tail.append(line.rstrip("\n"))
-        del tail[:-200]
+        out.tail.append(line.rstrip("\n"))
+        del out.tail[:-200]

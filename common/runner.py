@@ -111,18 +111,45 @@ def explain(lesson, outcome, checks):
 
 
 def killed_rank(outcome):
-    """'rank R (pid P) was killed by signal S' from the launcher's report of a bad termination."""
+    """Which rank a signal killed, in words, or None when no rank was killed by a signal.
+
+    hydra ends the other ranks with SIGKILL once one dies, so with every rank's status (Outcome.statuses)
+    the culprits are the ranks killed by a signal other than SIGKILL, or else the only rank SIGKILL ended.
+    When several ranks show SIGKILL only, nothing the launcher reports says which died first, and the
+    line says so. Without the statuses (Open MPI, several hosts) the banner's PID is mapped to a rank.
+    """
+    by_signal = {r: s & 0x7F for r, s in enumerate(outcome.statuses or []) if 0 < s & 0x7F < 0x7F}
+    if len(by_signal) > 1:
+        not_cleanup = {r: s for r, s in by_signal.items() if s != signal.SIGKILL}
+        by_signal = not_cleanup or by_signal
+    if len(by_signal) == 1:
+        (rank, sig), = by_signal.items()
+        return f"{_rank_pid(outcome, rank)} was killed by {_signal_name(sig)}; mpiexec then ended the other ranks"
+    if len(set(by_signal.values())) == 1:
+        who = " and ".join(_rank_pid(outcome, r) for r in sorted(by_signal))
+        return (f"{who} were killed by {_signal_name(next(iter(by_signal.values())))}: one of them died and "
+                "mpiexec ended the others with the same signal; its report cannot tell which came first")
+    if by_signal:
+        each = ", ".join(f"{_rank_pid(outcome, r)} by {_signal_name(s)}" for r, s in sorted(by_signal.items()))
+        return f"ranks were killed by signals: {each}; mpiexec then ended the other ranks"
     text = "\n".join(outcome.tail)
     pid = re.search(r"PID (\d+) RUNNING AT", text)
     sig = re.search(r"signal (\d+)", text)
-    if not pid:
+    if not pid or outcome.statuses:
         return None
     by_pid = {p: r for r, p in outcome.pids.items()}
     who = f"rank {by_pid[int(pid.group(1))]}" if int(pid.group(1)) in by_pid else "a rank"
-    how = f"was killed by signal {sig.group(1)}" if sig else "ended abnormally"
-    if sig and int(sig.group(1)) in signal.valid_signals():
-        how += f" ({signal.Signals(int(sig.group(1))).name})"
+    how = f"was killed by {_signal_name(int(sig.group(1)))}" if sig else "ended abnormally"
     return f"{who} (pid {pid.group(1)}) {how}; mpiexec then ended the other ranks"
+
+
+def _rank_pid(outcome, rank):
+    return f"rank {rank} (pid {outcome.pids[rank]})" if rank in outcome.pids else f"rank {rank}"
+
+
+def _signal_name(sig):
+    name = f" ({signal.Signals(sig).name})" if sig in signal.valid_signals() else ""
+    return f"signal {sig}{name}"
 
 
 def write_junit(path, cases):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from common import bootstrap, launch
+from common import bootstrap, launch, runner
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
 FIX = {"TUTOR_LESSONS": FIXTURES}
@@ -157,3 +157,30 @@ def test_torch_store_listens_on_loopback_on_one_node():
     ctx = bootstrap.Ctx(lesson="x", comm=None, rank=0, world_size=2, local_rank=0, local_size=2,
                         host="h", api="torch", device="cpu", transport="gloo", why="")
     assert bootstrap.store_host(ctx) == "127.0.0.1"
+
+
+@pytest.mark.parametrize("line, statuses", [
+    ("[mpiexec@vm] Exit codes: [vm] 0,9\n", [0, 9]),
+    ("[mpiexec@node-1] Exit codes: [node-1] 768,0,0\n", [768, 0, 0]),
+    ("[mpiexec@a] Exit codes: [a] 0,9 [b] 0,0\n", None),   # two hosts: ranks cannot be placed
+    ("rank 0 says Exit codes: [vm] 0,9\n", None),
+])
+def test_hydra_status_line_is_read_per_rank(line, statuses):
+    assert launch.hydra_statuses(line) == statuses
+
+
+@pytest.mark.parametrize("statuses, expected", [
+    ([0, 9], "rank 1 (pid 11) was killed by signal 9 (SIGKILL); mpiexec then ended the other ranks"),
+    ([9, 11, 9], "rank 1 (pid 11) was killed by signal 11 (SIGSEGV); mpiexec then ended the other ranks"),
+    ([9, 9], "rank 0 (pid 10) and rank 1 (pid 11) were killed by signal 9 (SIGKILL): one of them died"),
+    ([11, 6, 9], "ranks were killed by signals: rank 0 (pid 10) by signal 11 (SIGSEGV), rank 1 (pid 11) by "
+                 "signal 6 (SIGABRT); mpiexec"),
+    ([0, 768], None),                  # exit(3) is not a signal; the rank said why itself
+    (None, "rank 0 (pid 10) was killed by signal 9 (SIGKILL)"),  # no statuses: the banner's PID
+])
+def test_the_rank_a_signal_killed_is_told_from_the_statuses(statuses, expected):
+    banner = ["=   PID 10 RUNNING AT vm", "=   EXIT CODE: 9",
+              "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)"]
+    out = launch.Outcome(rc=9, seconds=0.1, tail=banner, pids={0: 10, 1: 11, 2: 12}, statuses=statuses)
+    said = runner.killed_rank(out)
+    assert said == expected if expected is None else said.startswith(expected), said

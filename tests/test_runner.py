@@ -2,6 +2,7 @@
 Proves the checker can fail, and that a failed or hung run leaves nothing behind."""
 import json
 import os
+import re
 
 from typer.testing import CliRunner
 
@@ -58,7 +59,13 @@ def test_crash_on_one_rank_names_it(app, fixtures_env):
 def test_rank_killed_by_a_signal_is_named(app, fixtures_env):
     result = runner.invoke(app, ["run", "5"])
     assert result.exit_code != 0
-    assert "rank 1 (pid" in result.output and "killed by signal 9 (SIGKILL)" in result.output
+    # hydra kills rank 0 with the same SIGKILL; about one run in twenty its status says so, and then
+    # the runner must say it cannot tell the two apart (tests/test_robust.py covers both cases).
+    sure = re.search(r"rank 1 \(pid \d+\) was killed by signal 9 \(SIGKILL\); mpiexec then ended", result.output)
+    unsure = re.search(r"rank 0 \(pid \d+\) and rank 1 \(pid \d+\) were killed by signal 9 \(SIGKILL\): "
+                       r"one of them died", result.output)
+    assert sure or unsure, result.output
+    assert "Exit codes" not in result.output, "hydra's status line is the runner's, not the learner's"
     assert not processes_running("tests/fixtures/05_killed.py")
 
 
