@@ -116,3 +116,20 @@ def end_tree(proc, run_dir):
             pass
     for victim in victims:
         _signal(victim, signal.SIGKILL)
+    _wait_gone(victims)
+
+
+def _wait_gone(pids, limit=10.0):
+    """Return once every pid has exited (a zombie counts: it runs nothing). SIGKILL is not instant:
+    a big process takes a while to release its memory, and "ended" must mean ended."""
+    deadline = time.monotonic() + limit
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
