@@ -545,15 +545,17 @@ def iterations(pick, size):
     return max(1, min(pick["iters"], ITER_BYTES // size) // BATCHES)
 
 
-def best_of(ctx, be, fns, warmup, iters):
+def best_of(ctx, be, fns, warmup, iters, spread=None):
     """{name: seconds}: each fn timed in BATCHES interleaved batches (time_op: the slowest rank's mean),
-    the best batch kept, so a burst of load from elsewhere hits every contender alike."""
-    best = {}
+    the best batch kept, so a burst of load from elsewhere hits every contender alike. If `spread` is a
+    dict it gets each name's slowest minus fastest batch: how much this run's own timings wander."""
+    batches = {name: [] for name in fns}
     for b in range(BATCHES):
         for name, fn in fns.items():
-            t = bandwidth.time_op(ctx.comm, fn, warmup if b == 0 else 0, iters, be.sync)
-            best[name] = min(best.get(name, t), t)
-    return best
+            batches[name].append(bandwidth.time_op(ctx.comm, fn, warmup if b == 0 else 0, iters, be.sync))
+    if spread is not None:
+        spread.update({name: max(ts) - min(ts) for name, ts in batches.items()})
+    return {name: min(ts) for name, ts in batches.items()}
 
 
 def sweep_times(ctx, args, be, pick, sizes, model):
@@ -625,17 +627,30 @@ def tuned_race(ctx, args, be, pick, table, model):
         zeros = buffers.on_device(ctx, np.zeros(count, dtype=args.dtype))
         copy_into(mine, zeros)  # then timed in place, over and over: zeros never overflow
         copy_into(lib, zeros)
+        spread = {}
         t = best_of(ctx, be, {"tuned": lambda: plan.run(be), "lib": lambda: be.allreduce(lib)},
-                    pick["warmup"], iterations(pick, size))
+                    pick["warmup"], iterations(pick, size), spread)
         t_tuned, t_lib = t["tuned"], t["lib"]
         active = ctx.comm.allreduce(sum(1 for out, into, _, _ in plan.rounds if out or into), op=MPI.MAX)  # rounds it talks in
         rows.append(dict(size=count * itemsize, count=count, type=args.dtype, redop="sum", chosen=algo, rounds=active,
-                         tuned_us=t_tuned * 1e6, lib_us=t_lib * 1e6, wrong=wrong,
+                         tuned_us=t_tuned * 1e6, lib_us=t_lib * 1e6, noise_us=max(spread.values()) * 1e6,
+                         wrong=wrong,
                          algbw=bandwidth.algbw(count * itemsize, t_tuned),
                          busbw=bandwidth.busbw("allreduce", count * itemsize, t_tuned, n),
                          lib_busbw=bandwidth.busbw("allreduce", count * itemsize, t_lib, n),
                          ratio=t_lib / t_tuned if t_tuned > 0 else 0.0))
     return rows
+
+
+def gap_verdict(row, overhead):
+    """Why the tuned all-reduce lost to the library at one size (a race row), as far as this run can tell:
+    by less than its own noise, by about the Python it spends walking rounds, or by something else."""
+    gap = row["tuned_us"] - row["lib_us"]
+    if gap <= row["noise_us"]:
+        return "a tie: within this run's noise"
+    if row["rounds"] * overhead * 1e6 >= 0.5 * gap:
+        return "mostly Python"
+    return "not Python: unexplained here"
 
 
 def reasons(ctx, model, overhead):
@@ -722,15 +737,17 @@ def show_race(ctx, args, table, race, overhead):
     if slow:
         # the one cost we can price: Python walks each round (measured above), the library's rounds are C
         rows = [(bandwidth.human(r["size"]), r["chosen"], r["rounds"], round(r["tuned_us"] - r["lib_us"], 1),
-                 round(r["rounds"] * overhead * 1e6, 1),
-                 "mostly Python" if r["rounds"] * overhead * 1e6 >= 0.5 * (r["tuned_us"] - r["lib_us"]) else
-                 "not Python: unexplained here") for r in slow]
-        print(f"tuned slower than the library at {len(slow)} of {len(race)} sizes. The part we can price: "
-              f"~{overhead * 1e6:.1f} us of Python per round (measured), which the library's C rounds do not pay:")
-        print(report.table(["size", "algo", "rounds", "gap us", "Python us", "so the gap is"], rows,
-                           align=[False, False, True, True, True, False]))
+                 round(r["noise_us"], 1), round(r["rounds"] * overhead * 1e6, 1), gap_verdict(r, overhead))
+                for r in slow]
+        ties = sum(v.startswith("a tie") for *_, v in rows)
+        print(f"tuned slower than the library at {len(slow)} of {len(race)} sizes, {ties} of them by less than "
+              f"this run's noise (noise: the larger spread between one contender's {BATCHES} batches). The part "
+              f"we can price: ~{overhead * 1e6:.1f} us of Python per round (measured), which the library's C "
+              f"rounds do not pay:")
+        print(report.table(["size", "algo", "rounds", "gap us", "noise us", "Python us", "so the gap is"], rows,
+                           align=[False, False, True, True, True, True, False]))
         cores = len(os.sched_getaffinity(0))
-        if any(r[-1] != "mostly Python" for r in rows):
+        if any(r[-1].startswith("not Python") for r in rows):
             print("where it is not Python, the schedule is not to blame either (ours was the fastest of the five "
                   "at that size): the rest is how the library moves its bytes, which this run does not measure"
                   + (f"; and {ctx.world_size} ranks share {cores} cores, so every round also waits for the "
