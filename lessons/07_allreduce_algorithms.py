@@ -727,6 +727,10 @@ def show_race(ctx, args, table, race, overhead):
           "doubling up to it, reduce-scatter + all-gather (Rabenseifner) above, unless "
           "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM or the device's tuning tables choose otherwise; NCCL's tuner "
           "prices ring vs tree (and its LL/LL128/Simple protocols) with its own alpha-beta model per size")
+    forced = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(("MPIR_CVAR_", "NCCL_ALGO", "NCCL_PROTO")))
+    print("the library ran with " + (", ".join(forced) if forced else "its own choices: no MPIR_CVAR_* or "
+          "NCCL_ALGO/NCCL_PROTO set (set MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring, for one, to race the "
+          "library's C ring)"))
     print(report.table(["size B", "count", "type", "redop", "algo", "time us", "algbw", "busbw",
                         "lib us", "lib busbw", "#wrong", "lib/tuned"],
                        [(r["size"], r["count"], r["type"], r["redop"], r["chosen"],
