@@ -163,6 +163,17 @@ def test_a_lost_size_is_told_apart_from_noise_and_python(tuned, lib, noise, roun
     assert zoo.gap_verdict(row, overhead=1e-6).startswith(verdict)
 
 
+@pytest.mark.parametrize("beta_ring, says", [(4e-10, "shares one bus"), (2.5e-11, "4.0x faster than the lone"),
+                                             (1.1e-10, "close")])
+def test_the_concurrent_beta_is_compared_with_the_ping_pong_both_ways(beta_ring, says):
+    from types import SimpleNamespace
+    pts = [(b, 2e-6 + b * 1e-10) for b in zoo.PING]
+    model = dict(alpha=2e-6, beta=1e-10, beta_ring=beta_ring, pingpong=pts, below=(2e-6, 1e-10),
+                 above=(2e-6, 1e-10))
+    (b,) = [line for line in zoo.reasons(SimpleNamespace(world_size=2), model, 1e-6) if line.startswith("(b)")]
+    assert says in b, b
+
+
 def test_mismatch_accepts_every_schedule_and_names_a_broken_one():
     for algo in ALGOS:
         for n in (1, 2, 3, 5, 8):
