@@ -116,7 +116,8 @@ def killed_rank(outcome):
     hydra ends the other ranks with SIGKILL once one dies, so with every rank's status (Outcome.statuses)
     the culprits are the ranks killed by a signal other than SIGKILL, or else the only rank SIGKILL ended.
     When several ranks show SIGKILL only, nothing the launcher reports says which died first, and the
-    line says so. Without the statuses (Open MPI, several hosts) the banner's PID is mapped to a rank.
+    line says so. Without the statuses, Open MPI's "process rank R ... exited on signal S" is read, or
+    hydra's banner PID (several hosts) is mapped to a rank.
     """
     by_signal = {r: s & 0x7F for r, s in enumerate(outcome.statuses or []) if 0 < s & 0x7F < 0x7F}
     if len(by_signal) > 1:
@@ -133,6 +134,11 @@ def killed_rank(outcome):
         each = ", ".join(f"{_rank_pid(outcome, r)} by {_signal_name(s)}" for r, s in sorted(by_signal.items()))
         return f"ranks were killed by signals: {each}; mpiexec then ended the other ranks"
     text = "\n".join(outcome.tail)
+    ompi = re.search(r"process rank (\d+) with PID (\d+) on node\s+\S+\s+exited on signal (\d+)", text)
+    if ompi:  # Open MPI names the rank itself (its PID is 0 in some versions: ours is then used)
+        rank, pid, sig = map(int, ompi.groups())
+        who = f"rank {rank} (pid {pid})" if pid else _rank_pid(outcome, rank)
+        return f"{who} was killed by {_signal_name(sig)}; mpirun then ended the other ranks"
     pid = re.search(r"PID (\d+) RUNNING AT", text)
     sig = re.search(r"signal (\d+)", text)
     if not pid or outcome.statuses:

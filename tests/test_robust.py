@@ -168,6 +168,12 @@ def test_hydra_status_line_is_read_per_rank(line, statuses):
     assert launch.hydra_statuses(line) == statuses
 
 
+def test_open_mpi_names_the_killed_rank_itself():
+    said = runner.killed_rank(launch.Outcome(rc=137, seconds=0.1, pids={0: 10, 1: 11}, tail=[
+        "mpirun noticed that process rank 1 with PID 0 on node", "vm exited on signal 9 (Killed)."]))
+    assert said == "rank 1 (pid 11) was killed by signal 9 (SIGKILL); mpirun then ended the other ranks"
+
+
 @pytest.mark.parametrize("statuses, expected", [
     ([0, 9], "rank 1 (pid 11) was killed by signal 9 (SIGKILL); mpiexec then ended the other ranks"),
     ([9, 11, 9], "rank 1 (pid 11) was killed by signal 11 (SIGSEGV); mpiexec then ended the other ranks"),
