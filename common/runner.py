@@ -111,28 +111,30 @@ def explain(lesson, outcome, checks):
 
 
 def killed_rank(outcome):
-    """Which rank a signal killed, in words, or None when no rank was killed by a signal.
+    """Which rank ended the run, in words: killed by a signal, or (from hydra's statuses) gone with an
+    exit status of its own while the others were not; None when the launcher's report names none.
 
     hydra ends the other ranks with SIGKILL once one dies, so with every rank's status (Outcome.statuses)
-    the culprits are the ranks killed by a signal other than SIGKILL, or else the only rank SIGKILL ended.
-    When several ranks show SIGKILL only, nothing the launcher reports says which died first, and the
-    line says so. Without the statuses, Open MPI's "process rank R ... exited on signal S" is read, or
-    hydra's banner PID (several hosts) is mapped to a rank.
+    a SIGKILL is the culprit's only when no rank died another way. When several ranks show SIGKILL only,
+    nothing the launcher reports says which died first, and the line says so. Without the statuses, Open
+    MPI's "process rank R ... exited on signal S" is read, or hydra's banner PID (several hosts) is mapped.
     """
-    by_signal = {r: s & 0x7F for r, s in enumerate(outcome.statuses or []) if 0 < s & 0x7F < 0x7F}
-    if len(by_signal) > 1:
-        not_cleanup = {r: s for r, s in by_signal.items() if s != signal.SIGKILL}
-        by_signal = not_cleanup or by_signal
-    if len(by_signal) == 1:
-        (rank, sig), = by_signal.items()
-        return f"{_rank_pid(outcome, rank)} was killed by {_signal_name(sig)}; mpiexec then ended the other ranks"
-    if len(set(by_signal.values())) == 1:
-        who = " and ".join(_rank_pid(outcome, r) for r in sorted(by_signal))
-        return (f"{who} were killed by {_signal_name(next(iter(by_signal.values())))}: one of them died and "
-                "mpiexec ended the others with the same signal; its report cannot tell which came first")
-    if by_signal:
-        each = ", ".join(f"{_rank_pid(outcome, r)} by {_signal_name(s)}" for r, s in sorted(by_signal.items()))
-        return f"ranks were killed by signals: {each}; mpiexec then ended the other ranks"
+    statuses = outcome.statuses or []
+    sig_of = {r: s & 0x7F for r, s in enumerate(statuses) if 0 < s & 0x7F < 0x7F}
+    code_of = {r: s >> 8 for r, s in enumerate(statuses) if s & 0x7F == 0 and s >> 8}
+    if len(code_of) == len(statuses) > 0 and len(set(code_of.values())) == 1:
+        return None  # every rank left with one status: the lesson's own exit (a refused flag), not one rank's
+    culprits = {r: s for r, s in sig_of.items() if s != signal.SIGKILL}
+    if not culprits and not code_of:
+        culprits = sig_of  # SIGKILL only: the culprit is among them
+        if len(culprits) > 1:
+            who = " and ".join(_rank_pid(outcome, r) for r in sorted(culprits))
+            return (f"{who} were killed by {_signal_name(signal.SIGKILL)}: one of them died and mpiexec ended "
+                    "the others with the same signal; its report cannot tell which came first")
+    parts = [f"{_rank_pid(outcome, r)} was killed by {_signal_name(s)}" for r, s in sorted(culprits.items())]
+    parts += [f"{_rank_pid(outcome, r)} exited with status {c}" for r, c in sorted(code_of.items())]
+    if parts:
+        return "; ".join(parts) + "; mpiexec then ended the other ranks"
     text = "\n".join(outcome.tail)
     ompi = re.search(r"process rank (\d+) with PID (\d+) on node\s+\S+\s+exited on signal (\d+)", text)
     if ompi:  # Open MPI names the rank itself (its PID is 0 in some versions: ours is then used)

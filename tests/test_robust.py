@@ -178,9 +178,11 @@ def test_open_mpi_names_the_killed_rank_itself():
     ([0, 9], "rank 1 (pid 11) was killed by signal 9 (SIGKILL); mpiexec then ended the other ranks"),
     ([9, 11, 9], "rank 1 (pid 11) was killed by signal 11 (SIGSEGV); mpiexec then ended the other ranks"),
     ([9, 9], "rank 0 (pid 10) and rank 1 (pid 11) were killed by signal 9 (SIGKILL): one of them died"),
-    ([11, 6, 9], "ranks were killed by signals: rank 0 (pid 10) by signal 11 (SIGSEGV), rank 1 (pid 11) by "
-                 "signal 6 (SIGABRT); mpiexec"),
-    ([0, 768], None),                  # exit(3) is not a signal; the rank said why itself
+    ([11, 6, 9], "rank 0 (pid 10) was killed by signal 11 (SIGSEGV); rank 1 (pid 11) was killed by signal 6 "
+                 "(SIGABRT); mpiexec"),
+    ([9, 768], "rank 1 (pid 11) exited with status 3; mpiexec"),  # os._exit(3): rank 0's SIGKILL is cleanup
+    ([0, 768], "rank 1 (pid 11) exited with status 3; mpiexec"),
+    ([512, 512], None),                # every rank exited 2: the lesson refused, no one rank to name
     (None, "rank 0 (pid 10) was killed by signal 9 (SIGKILL)"),  # no statuses: the banner's PID
 ])
 def test_the_rank_a_signal_killed_is_told_from_the_statuses(statuses, expected):
