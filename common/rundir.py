@@ -28,17 +28,22 @@ def descendants(pid):
     return found
 
 
-def rank_pids(run_dir):
-    pids = {}
+def _per_rank(run_dir, suffix):
+    """{rank: text} of the run folder's rankR<suffix> files (one a rank is still writing is skipped)."""
+    found = {}
     for name in os.listdir(run_dir):
-        m = re.match(r"rank(\d+)\.pid$", name)
+        m = re.match(rf"rank(\d+){re.escape(suffix)}$", name)
         if m:
             try:
                 with open(os.path.join(run_dir, name)) as f:
-                    pids[int(m.group(1))] = int(f.read().strip())
-            except (OSError, ValueError):
+                    found[int(m.group(1))] = f.read().strip()
+            except OSError:
                 pass
-    return pids
+    return found
+
+
+def rank_pids(run_dir):
+    return {r: int(t) for r, t in _per_rank(run_dir, ".pid").items() if t.isdigit()}
 
 
 def dump_stacks(pid, run_dir, wait=3.0):
@@ -76,13 +81,7 @@ def blocked_at(frames):
 
 
 def read_errors(run_dir):
-    errors = {}
-    for name in os.listdir(run_dir):
-        m = re.match(r"rank(\d+)\.error$", name)
-        if m:
-            with open(os.path.join(run_dir, name)) as f:
-                errors[int(m.group(1))] = f.read().strip()
-    return errors
+    return _per_rank(run_dir, ".error")
 
 
 def _signal(pid, sig):
