@@ -24,6 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def lessons_dir():
     """lessons/, or $TUTOR_LESSONS (the tests point it at tests/fixtures)."""
     return os.environ.get("TUTOR_LESSONS") or os.path.join(ROOT, "lessons")
+
+
 KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint"}
 NP_KEYS = {"default", "min", "max", "check"}
 CHECK_KEYS = {"name", "value", "rtol", "atol", "when"} | set(expect.OPS)

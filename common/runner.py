@@ -135,6 +135,8 @@ def killed_rank(outcome):
     parts += [f"{_rank_pid(outcome, r)} exited with status {c}" for r, c in sorted(code_of.items())]
     if parts:
         return "; ".join(parts) + "; mpiexec then ended the other ranks"
+    if statuses:
+        return None  # hydra reported every rank and none ended the run
     text = "\n".join(outcome.tail)
     ompi = re.search(r"process rank (\d+) with PID (\d+) on node\s+\S+\s+exited on signal (\d+)", text)
     if ompi:  # Open MPI names the rank itself (its PID is 0 in some versions: ours is then used)
@@ -143,7 +145,7 @@ def killed_rank(outcome):
         return f"{who} was killed by {_signal_name(sig)}; mpirun then ended the other ranks"
     pid = re.search(r"PID (\d+) RUNNING AT", text)
     sig = re.search(r"signal (\d+)", text)
-    if not pid or outcome.statuses:
+    if not pid:
         return None
     by_pid = {p: r for r, p in outcome.pids.items()}
     who = f"rank {by_pid[int(pid.group(1))]}" if int(pid.group(1)) in by_pid else "a rank"

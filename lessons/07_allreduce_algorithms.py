@@ -631,7 +631,8 @@ def tuned_race(ctx, args, be, pick, table, model):
         t = best_of(ctx, be, {"tuned": lambda: plan.run(be), "lib": lambda: be.allreduce(lib)},
                     pick["warmup"], iterations(pick, size), spread)
         t_tuned, t_lib = t["tuned"], t["lib"]
-        active = ctx.comm.allreduce(sum(1 for out, into, _, _ in plan.rounds if out or into), op=MPI.MAX)  # rounds it talks in
+        talks = sum(1 for out, into, _, _ in plan.rounds if out or into)  # rounds this rank sends or receives in
+        active = ctx.comm.allreduce(talks, op=MPI.MAX)
         rows.append(dict(size=count * itemsize, count=count, type=args.dtype, redop="sum", chosen=algo, rounds=active,
                          tuned_us=t_tuned * 1e6, lib_us=t_lib * 1e6, noise_us=max(spread.values()) * 1e6,
                          wrong=wrong,
@@ -729,7 +730,8 @@ def show_race(ctx, args, table, race, overhead):
           "doubling up to it, reduce-scatter + all-gather (Rabenseifner) above, unless "
           "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM or the device's tuning tables choose otherwise; NCCL's tuner "
           "prices ring vs tree (and its LL/LL128/Simple protocols) with its own alpha-beta model per size")
-    forced = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(("MPIR_CVAR_", "NCCL_ALGO", "NCCL_PROTO")))
+    forced = sorted(f"{k}={v}" for k, v in os.environ.items()
+                    if k.startswith(("MPIR_CVAR_", "NCCL_ALGO", "NCCL_PROTO")))
     print("the library ran with " + (", ".join(forced) if forced else "its own choices: no MPIR_CVAR_* or "
           "NCCL_ALGO/NCCL_PROTO set (set MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring, for one, to race the "
           "library's C ring)"))
