@@ -6,11 +6,9 @@
             broadcast, reduce, sendrecv 1.
 
     sizes("8", "128M", 2)   -> [8, 16, ..., 134217728]   (like nccl-tests' -b 8 -e 128M -f 2)
-    seconds = time_op(comm, fn, warmup=5, iters=20)      (collective: the slowest rank's mean)
+    seconds = time_op(comm, fn, 5, 20, timing.syncer(ctx))   (collective: the slowest rank's mean)
     add_sweep_flags(parser, BENCH); pick, sizes_b = sweep_plan(args, DEFAULT, BENCH)   (a lesson's sweep)
 """
-import time
-
 FACTORS = {  # op -> (busbw factor as a function of n, the formula in words)
     "allreduce": (lambda n: 2 * (n - 1) / n, "2(n-1)/n"),
     "allgather": (lambda n: (n - 1) / n, "(n-1)/n"),
@@ -92,21 +90,21 @@ def human(nbytes):
     return str(nbytes)
 
 
-def time_op(comm, fn, warmup, iters, sync=None):
+def time_op(comm, fn, warmup, iters, sync):
     """Seconds per call of fn(): warm-up calls, a barrier, `iters` timed calls, this rank's mean,
-    then the slowest rank's mean (MAX all-reduce over MPI comm). Collective over comm."""
+    then the slowest rank's mean (MAX all-reduce over MPI comm). Collective over comm.
+    sync: timing.syncer(ctx) (gpu work is async: both clock reads wait for it), or timing.HOST."""
     from mpi4py import MPI
+
+    from common import timing
     for _ in range(warmup):
         fn()
-    if sync:
-        sync()
+    sync()
     comm.Barrier()
-    t0 = time.perf_counter()
+    t0 = timing.now(sync)
     for _ in range(iters):
         fn()
-    if sync:
-        sync()  # gpu work is async: the clock stops only when it is done
-    mean = (time.perf_counter() - t0) / max(iters, 1)
+    mean = (timing.now(sync) - t0) / max(iters, 1)
     return comm.allreduce(mean, op=MPI.MAX)
 
 

@@ -4,7 +4,7 @@
     be.exchange(out, into, dest, source)   # send `out` to dest while receiving `into` from source
     be.group([(buf, dest)], [(buf, source)])   # any number of sends and receives, all in flight at once
     be.allreduce(buf)                      # the library's own all-reduce (SUM, in place), to race or check
-    be.sync()                              # gpu: wait for queued work before the host reads or the clock stops
+    be.sync()                              # gpu: wait for queued work (timing.syncer) before the host reads
 
     mpi4py, cpu:  comm.Sendrecv / comm.Send / comm.Recv; Isend + Irecv + Request.Waitall for a group
     mpi4py, gpu:  ncclSend + ncclRecv between nccl.groupStart() and groupEnd() (CuPy arrays)
@@ -15,7 +15,7 @@ sizes; messages between the same two ranks match in the order they are posted (N
 """
 import types
 
-from common import buffers
+from common import buffers, timing
 
 
 def _has(buf):
@@ -46,7 +46,7 @@ def mpi_backend(ctx):
 
     def allreduce(buf):
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    return types.SimpleNamespace(exchange=exchange, group=group, allreduce=allreduce, sync=lambda: None)
+    return types.SimpleNamespace(exchange=exchange, group=group, allreduce=allreduce, sync=timing.HOST)
 
 
 def nccl_backend(ctx):
@@ -66,7 +66,7 @@ def nccl_backend(ctx):
         ctx.nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, buffers.nccl_dtype(buf), nccl.NCCL_SUM,
                            stream.ptr)
     return types.SimpleNamespace(exchange=lambda out, into, dest, source: group([(out, dest)], [(into, source)]),
-                                 group=group, allreduce=allreduce, sync=stream.synchronize)
+                                 group=group, allreduce=allreduce, sync=timing.syncer(ctx))
 
 
 def torch_backend(ctx):
@@ -81,12 +81,10 @@ def torch_backend(ctx):
 
     def allreduce(buf):
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-    sync = lambda: None  # noqa: E731
     if ctx.device == "gpu":
-        sync = torch.cuda.synchronize
         dist.all_reduce(torch.zeros(1, device="cuda"))  # nccl: let every rank join before any p2p batch
     return types.SimpleNamespace(exchange=lambda out, into, dest, source: group([(out, dest)], [(into, source)]),
-                                 group=group, allreduce=allreduce, sync=sync)
+                                 group=group, allreduce=allreduce, sync=timing.syncer(ctx))
 
 
 def backend(ctx):

@@ -1,0 +1,42 @@
+"""Every wall clock a lesson reads, read after the GPU has finished what this rank queued on it.
+
+    sync = timing.syncer(ctx)        # cudaDeviceSynchronize on a GPU run, nothing on the CPU
+    t0 = timing.now(sync)
+    ...work...
+    seconds = timing.now(sync) - t0  # the work, not just its launch
+    timing.now(timing.HOST)          # code that ran on the host alone says so
+
+A GPU call returns once its work is queued, so a clock read straight after it measures the launch.
+Lessons read clocks only through here (tests/test_timing.py holds them to it); a deadline that is not
+a measurement uses timing.deadline().
+"""
+import time
+
+
+def HOST():
+    """The sync of host-only work: nothing is queued anywhere, so nothing to wait for."""
+
+
+def syncer(ctx):
+    """A callable that returns once every stream of this rank's GPU is idle (a no-op on the CPU).
+
+    One device-wide sync covers NCCL's streams, CuPy's and torch's alike: they share the device."""
+    if ctx.device != "gpu":
+        return HOST
+    if ctx.api == "torch":
+        import torch
+        return torch.cuda.synchronize
+    import cupy
+    return lambda: cupy.cuda.Device().synchronize()
+
+
+def now(sync):
+    """Seconds on the performance clock, read after sync() returned."""
+    sync()
+    return time.perf_counter()
+
+
+def deadline(seconds):
+    """A function that says how many seconds are left (<= 0 once the deadline has passed)."""
+    end = time.monotonic() + seconds
+    return lambda: end - time.monotonic()
