@@ -1,0 +1,105 @@
+"""Wrong answers as tests: typical learner mistakes, each of which must fail a named check.
+
+tests/wrong_answers/NN_topic.yaml holds a list of mistakes for lesson NN, each one edit of the lesson:
+
+    - mistake: the norm is scaled by each rank's own max |g|, not the global max
+      region: l2_norm              # the exercise region whose body `code` replaces (indented for you)
+      code: |
+        scale = float(np.max(np.abs(g)))
+        ...
+      fails: the distributed L2 norm equals one process's   # a check name from the lesson's YAML, or
+      crashes: wrong sum           # text of the error a rank's own self-check (an assert) stops with
+      says: the distributed L2 norm                          # optional: text the learner is shown
+      np: 3                        # optional: default the largest NP of the YAML's check list
+      api: mpi4py                  # optional (default mpi4py); args: [...] optional (default YAML args)
+    - mistake: ...
+      replace: [["old text, found exactly once", "new text"], ...]     # instead of region + code
+      passes: another valid convention     # instead of fails: a correct variant that must pass
+
+A check no wrong answer can fail is not a check; a correct variant that fails is a check too strict.
+"""
+import os
+
+import pytest
+import yaml
+
+from common import catalog, exercise, runner
+from conftest import ROOT
+
+FOLDER = os.path.join(ROOT, "tests", "wrong_answers")
+KEYS = {"mistake", "region", "code", "replace", "fails", "crashes", "passes", "says", "np", "api", "args"}
+VERDICTS = ("fails", "crashes", "passes")
+
+
+def edit(source, case, where):
+    """The lesson's source with the case's one edit made (ValueError when it does not apply)."""
+    if "region" in case:
+        lines = source.splitlines(keepends=True)
+        regions = {r.name: r for r in exercise.find_regions(source, where)}
+        if case["region"] not in regions:
+            raise ValueError(f"{where}: no exercise region {case['region']!r}")
+        r = regions[case["region"]]
+        body = [(r.indent + line if line.strip() else line) + "\n" for line in case["code"].splitlines()]
+        lines[r.begin:r.end - 1] = body
+        return "".join(lines)
+    for old, new in case["replace"]:
+        if source.count(old) != 1:
+            raise ValueError(f"{where}: {old!r} occurs {source.count(old)} times, not once")
+        source = source.replace(old, new)
+    return source
+
+
+def _cases():
+    cases = []
+    for name in sorted(os.listdir(FOLDER)) if os.path.isdir(FOLDER) else []:
+        if not name.endswith(".yaml"):
+            continue
+        lesson = catalog.resolve(name.split("_")[0], os.path.join(ROOT, "lessons"))
+        with open(os.path.join(FOLDER, name)) as f:
+            for i, case in enumerate(yaml.safe_load(f) or []):
+                cases.append(pytest.param(lesson, case, id=f"{lesson.id}-{i}-{case.get('fails') or case.get('crashes') or 'passes'}"[:90]))
+    return cases
+
+
+CASES = _cases()
+
+
+def test_there_are_wrong_answers_for_every_exercise_region():
+    covered = {(lesson.name, case.get("region")) for lesson, case in (p.values for p in CASES)}
+    missing = []
+    for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
+        with open(lesson.path) as f:
+            missing += [f"{lesson.name}:{r.name}" for r in exercise.find_regions(f.read(), lesson.path)
+                        if (lesson.name, r.name) not in covered]
+    assert not missing, f"exercise regions with no wrong answer: {missing}"
+
+
+@pytest.mark.parametrize("lesson, case", CASES)
+def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch):
+    assert set(case) <= KEYS and "mistake" in case, f"unknown keys {set(case) - KEYS}"
+    assert ("region" in case) != ("replace" in case) and sum(k in case for k in VERDICTS) == 1
+    names = [c["name"] for c in lesson.meta["expect"]]
+    assert case.get("fails", names[0]) in names, f"{case['fails']!r} is not a check of {lesson.name}"
+    with open(lesson.path) as f:
+        source = f.read()
+    script = tmp_path / os.path.basename(lesson.path)
+    script.write_text(edit(source, case, lesson.path))
+    monkeypatch.setenv("PYTHONPATH", ROOT)  # the copy lives in tmp_path, away from common/
+    np = case.get("np", max(lesson.meta["np"]["check"]))
+    outcome, checks = runner.run_lesson(lesson, np, case.get("api", "mpi4py"), "cpu",
+                                        case.get("args", lesson.meta.get("args", [])), echo=False,
+                                        script=str(script))
+    said = "\n".join(exercise.explain(lesson, outcome, checks, str(script), runner.explain(lesson, outcome, checks)))
+    if "passes" in case:
+        assert runner.ok(outcome, checks), f"a correct variant ({case['mistake']}) fails:\n{said}"
+        return
+    if "crashes" in case:
+        errors = "\n".join(outcome.errors.values())
+        assert outcome.rc != 0 and case["crashes"] in errors, (
+            f"the mistake '{case['mistake']}' did not stop a rank with {case['crashes']!r}:\n{said}")
+    else:
+        failed = [c["name"] for c in checks or [] if not c["ok"]]
+        assert case["fails"] in failed, (f"the mistake '{case['mistake']}' did not fail "
+                                         f"'{case['fails']}' (failed: {failed}, exit {outcome.rc}):\n{said}")
+    if "says" in case:
+        assert case["says"] in said, f"the learner is not told {case['says']!r}:\n{said}"
