@@ -1,8 +1,13 @@
 # the collectives tutor: thin targets, each one line into bin/tutor or pytest
 PYTHON ?= python3
 VENV   := .venv
-PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# TUTOR_PYTHON=/path/to/python: your own environment (a cluster's torch, CuPy, and the mpi4py built
+# for its MPI): no .venv is made, that Python runs everything, and mpiexec comes from MPIEXEC or PATH
+TUTOR_PYTHON ?=
+PY     := $(if $(TUTOR_PYTHON),$(TUTOR_PYTHON),$(VENV)/bin/python)
+SETUP  := $(if $(TUTOR_PYTHON),own-python,$(STAMP))
+export TUTOR_PYTHON
 NP     ?=
 API    ?=
 DEVICE ?=
@@ -11,30 +16,39 @@ LESSON ?=
 
 RUN_FLAGS = $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-.PHONY: help setup check check-mine test clean
+.PHONY: help setup own-python check check-mine test clean
 .DEFAULT_GOAL := help
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z%_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
-setup: $(STAMP)  ## create .venv and install requirements (re-runs pip only when they change)
+setup: $(SETUP)  ## create .venv and install requirements (re-runs pip only when they change)
 
+# a .venv made before the kit moved to CUDA 13 holds cupy-cuda12x and nvidia-nccl-cu12: make it anew
+# rather than uninstall them (nvidia-nccl-cu12 shares its libnccl.so.2 file with torch's NCCL)
 $(STAMP): requirements.txt requirements-gpu.txt
+	@if [ -x $(PY) ] && $(PY) -m pip show -q cupy-cuda12x nvidia-nccl-cu12 >/dev/null 2>&1; then \
+	  echo "setup: .venv holds the CUDA 12 CuPy/NCCL this kit no longer uses: making .venv anew"; \
+	  rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
 	if nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install --disable-pip-version-check -q -r requirements-gpu.txt; fi
 	touch $(STAMP)
 
-lesson-%: $(STAMP)  ## run one lesson: make lesson-05 NP=4 API=torch DEVICE=cpu ARGS="--count 1000"
+own-python:  # TUTOR_PYTHON is set: check it can run the kit, install nothing
+	@$(PY) -c "import mpi4py, numpy, typer, yaml" || { echo "setup: $(PY) lacks mpi4py, numpy, typer or \
+	pyyaml: install them there (pip install mpi4py numpy typer pyyaml pytest pytest-timeout)"; exit 2; }
+
+lesson-%: $(SETUP)  ## run one lesson: make lesson-05 NP=4 API=torch DEVICE=cpu ARGS="--count 1000"
 	bin/tutor run $* $(RUN_FLAGS) $(if $(ARGS),-- $(ARGS))
 
-check: $(STAMP)  ## every lesson x every NP in its YAML check list x every API
-	bin/tutor check
+check: $(SETUP)  ## every lesson x every NP in its YAML check list x every API: make check DEVICE=gpu
+	bin/tutor check $(if $(DEVICE),--device $(DEVICE))
 
-check-mine: $(STAMP)  ## check your practice copy: make check-mine LESSON=05 [NP=4]
-	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API))
+check-mine: $(SETUP)  ## check your practice copy: make check-mine LESSON=05 [NP=4]
+	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-test: $(STAMP)  ## the test suite (unit, runner, real mpiexec runs)
+test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs)
 	$(PY) -m pytest -q
 
 clean:  ## remove the venv, caches and results

@@ -37,9 +37,12 @@ def mpiexec(np):
                 argv.append("--allow-run-as-root")
         return argv
     venv = os.path.join(ROOT, ".venv", "bin", "mpiexec")
-    if not os.access(venv, os.X_OK):
-        raise LaunchError("mpiexec not found in .venv: run `make setup` (or set MPIEXEC)")
-    return [os.path.relpath(venv)]
+    if os.access(venv, os.X_OK) and not os.environ.get("TUTOR_PYTHON"):
+        return [os.path.relpath(venv)]
+    found = shutil.which("mpiexec")  # your own environment: the MPI your mpi4py was built for
+    if not found:
+        raise LaunchError("mpiexec not found in .venv or on PATH: run `make setup` (or set MPIEXEC)")
+    return [found]
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,6 +59,9 @@ def flavour(program):
 
 
 def python():
+    """The ranks' Python: TUTOR_PYTHON (your own environment), else the venv's, else this one."""
+    if os.environ.get("TUTOR_PYTHON"):
+        return os.environ["TUTOR_PYTHON"]
     venv = os.path.join(ROOT, ".venv", "bin", "python")
     return os.path.relpath(venv) if os.path.exists(venv) else sys.executable
 
