@@ -2,6 +2,7 @@
 
     args, ctx = bootstrap.start(__file__, parser)   # every rank
     ctx.comm, ctx.rank, ctx.world_size, ctx.local_rank, ctx.api, ctx.device, ctx.transport
+    ctx.gpu                                         # the CUDA device index on a GPU run
 
 MPI is imported only here, after the flags parsed, so a bad flag exits cleanly with one line.
 """
@@ -9,6 +10,8 @@ import argparse
 import os
 import socket
 import sys
+import textwrap
+import warnings
 from dataclasses import dataclass, field
 
 from common import devices, watchdog
@@ -92,6 +95,7 @@ class Ctx:
     json_path: str = None
     params: dict = field(default_factory=dict)
     nccl: object = None       # a cupy.cuda.nccl.NcclCommunicator on (mpi4py, gpu)
+    gpu: int = None           # this rank's CUDA device: local_rank % (GPUs this rank can see)
     single_node: bool = True
     store_addr: tuple = None  # (host, port) of the torch TCPStore
 
@@ -104,8 +108,9 @@ class Ctx:
         sys.exit(code)
 
 
-def start(file, parser, argv=None):
-    """Parse flags, join the MPI world, agree on a device, and set up the chosen API. Collective."""
+def start(file, parser, argv=None, uses_torch=False):
+    """Parse flags, join the MPI world, agree on a device, and set up the chosen API. Collective.
+    uses_torch: the lesson computes with torch on the GPU even on --api mpi4py (its probe covers torch)."""
     args = parser.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -116,11 +121,7 @@ def start(file, parser, argv=None):
               world_size=comm.size, local_rank=local.rank, local_size=local.size, host=hosts[comm.rank],
               api=args.api, device="cpu", transport="", why="", json_path=args.json,
               single_node=len(set(hosts)) == 1)
-    if args.device == "cpu":
-        ready, why = False, "asked for --device cpu"
-    else:  # one nvidia-smi per node, not per rank; each rank still loads its own GPU stack
-        seen = local.bcast(devices.visible_gpus() if local.rank == 0 else None, root=0)
-        ready, why = devices.gpu_ready(args.api, ctx.local_size, seen)
+    ready, why, seen = choose_gpu(ctx, args, local, uses_torch)
     local.Free()
     missing = [r for r in comm.allgather(None if ready else why) if r is not None]
     all_ready = not missing  # gpu only if every rank has one: one rank on cpu would stall NCCL
@@ -129,14 +130,37 @@ def start(file, parser, argv=None):
     if error:
         ctx.fail(error)
     ctx.device, ctx.why = device, reason
+    if args.device == "auto" and device == "cpu" and comm.allreduce(seen, op=MPI.MAX) and ctx.rank == 0:
+        print(textwrap.fill(f"note: GPUs were seen, but --device auto runs this on the CPU: {why}", 100,
+                            subsequent_indent="  "), flush=True)
     ctx.transport = devices.TRANSPORT[(args.api, device)]
     if args.api == "torch":
         init_torch(ctx)
     elif device == "gpu":
         import cupy
-        cupy.cuda.Device(ctx.local_rank).use()
+        cupy.cuda.Device(ctx.gpu).use()
         ctx.nccl = nccl_comm(comm)
     return args, ctx
+
+
+def choose_gpu(ctx, args, local, uses_torch):
+    """(ready, why, GPUs seen on this node) for this rank; sets ctx.gpu. Collective over `local`.
+
+    One nvidia-smi per node says whether there is any GPU; then each rank probes its own GPU stack on
+    GPU local_rank % (GPUs it can see) (its CUDA_VISIBLE_DEVICES or cgroup may show it one GPU alone),
+    and the node's ranks compare which physical GPU each would drive: two on one is refused."""
+    if args.device == "cpu":
+        return False, "asked for --device cpu", 0
+    seen, why = local.bcast(devices.visible_gpus() if local.rank == 0 else None, root=0)
+    ready = gpu_id = None
+    if seen:
+        ready, why, ctx.gpu, gpu_id = devices.probe(devices.stacks(args.api, uses_torch), local.rank)
+    ids = local.allgather(gpu_id if ready else None)
+    if ready and None not in ids:
+        clash = devices.shared(ids, seen)
+        if clash:
+            return False, clash, seen
+    return bool(ready), why, seen
 
 
 def store_host(ctx):
@@ -168,8 +192,11 @@ def init_torch(ctx):
     kwargs = {}
     if ctx.device == "gpu":
         import torch
-        torch.cuda.set_device(ctx.local_rank)
-        kwargs["device_id"] = torch.device("cuda", ctx.local_rank)
+        torch.cuda.set_device(ctx.gpu)
+        kwargs["device_id"] = torch.device("cuda", ctx.gpu)
+        # eager init makes torch warn, once per rank, that unbatched send/recv are serialized with the
+        # group's other ops; the lessons that mean to overlap p2p use batch_isend_irecv
+        warnings.filterwarnings("ignore", message=".*unbatched P2P op")
     elif ctx.single_node and os.path.isdir("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback
     dist.init_process_group("nccl" if ctx.device == "gpu" else "gloo", store=store,

@@ -3,10 +3,12 @@
 Used by the lessons (each rank decides, then all ranks agree) and by `bin/tutor` (pre-checks, doctor).
 Nothing here imports torch or CuPy unless a GPU has been seen, so a CPU run pays nothing for it.
 """
+import functools
 import glob
 import os
 import shutil
 import subprocess
+import warnings
 
 APIS = ("mpi4py", "torch")
 DEVICES = ("auto", "cpu", "gpu")
@@ -35,35 +37,102 @@ def visible_gpus():
     return n, f"{n} NVIDIA GPU(s) visible"
 
 
-def gpu_ready(api, local_size, seen=None):
-    """(ok, why): can `local_size` ranks on this node each drive their own GPU through `api`?
+@functools.lru_cache(maxsize=None)
+def nccl_loads():
+    """(ok, why): does CuPy's NCCL module load? CuPy's own many-line warning becomes one reason."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        from cupy.cuda import nccl
+    if nccl.available:  # else CuPy stands in an empty module: libnccl did not load
+        return True, "loads"
+    reason = [ln.strip() for w in said for ln in str(w.message).splitlines() if ln.startswith("Reason: ")]
+    return False, ("CuPy cannot load NCCL" + (f": {reason[0][len('Reason: '):]}" if reason else "") +
+                   " (torch's CUDA build brings libnccl: run make setup on the GPU machine)")
+
+
+def _probe_cupy(local_rank):
+    import cupy
+    ok, why = nccl_loads()
+    if not ok:
+        return False, why, None
+    from cupy.cuda import nccl
+    count = cupy.cuda.runtime.getDeviceCount()  # what this process sees: CUDA_VISIBLE_DEVICES, cgroups
+    if count == 0:
+        return False, "CuPy sees no GPU in this process", None
+    gpu = local_rank % count
+    with cupy.cuda.Device(gpu):
+        float((cupy.arange(64, dtype=cupy.float32) * 2).sum())  # a kernel: CuPy compiles it (NVRTC)
+        a = cupy.ones((8, 8), dtype=cupy.float32)
+        float(cupy.matmul(a, a)[0, 0])                            # cuBLAS
+        nccl.get_version()
+        return True, count, (gpu, cupy.cuda.runtime.deviceGetPCIBusId(gpu))
+
+
+def _probe_torch(local_rank):
+    import torch
+    import torch.distributed as dist
+    if not torch.cuda.is_available():
+        return False, f"torch {torch.__version__} cannot use CUDA (CPU-only build or driver mismatch)", None
+    if not dist.is_nccl_available():
+        return False, f"torch {torch.__version__} was built without NCCL", None
+    count = torch.cuda.device_count()
+    gpu = local_rank % count
+    x = torch.arange(64, dtype=torch.float32, device=f"cuda:{gpu}")
+    float((x * 2).sum())
+    a = torch.ones(8, 8, device=f"cuda:{gpu}")
+    float((a @ a)[0, 0])                                          # cuBLAS
+    return True, count, (gpu, str(torch.cuda.get_device_properties(gpu).uuid))
+
+
+PROBES = {"cupy": _probe_cupy, "torch": _probe_torch}
+
+
+def stacks(api, uses_torch=False):
+    """The GPU libraries a run drives: torch's on --api torch, CuPy's on mpi4py (and torch's too when the
+    lesson computes with torch on the GPU, as lesson 08 does)."""
+    return ("torch",) if api == "torch" else ("cupy", "torch") if uses_torch else ("cupy",)
+
+
+def probe(names, local_rank):
+    """(ok, why, gpu, gpu_id): can this rank drive GPU local_rank % (GPUs it sees) through every stack
+    in `names`? Runs what the lessons run (a kernel, a matmul, NCCL loading), not just the imports.
+    gpu_id names the physical GPU, so ranks of one node can tell whether they would share one."""
+    gpu = gpu_id = None
+    for name in names:
+        try:
+            ok, count, found = PROBES[name](local_rank)
+        except Exception as exc:  # any import / driver / compiler failure means "not usable", with its reason
+            first = (str(exc).strip().splitlines() or [""])[0]
+            return False, f"{name} GPU stack not usable: {type(exc).__name__}: {first}", None, None
+        if not ok:
+            return False, count, None, None
+        if gpu is None:
+            gpu, gpu_id, seen = found[0], found[1], count
+    return True, f"{seen} GPU(s) visible to rank, NCCL loads", gpu, gpu_id
+
+
+def shared(gpu_ids, seen):
+    """The line refusing a node where two ranks would drive one GPU (None when every rank has its own).
+    gpu_ids: each local rank's physical GPU; seen: how many GPUs local rank 0 found."""
+    first = {}
+    for rank, gid in enumerate(gpu_ids):
+        if gid in first:
+            return (f"{len(gpu_ids)} ranks on this node but {seen} GPU(s): ranks {first[gid]} and {rank} "
+                    "would share one, and NCCL needs one GPU per rank (lower NP or use --device cpu)")
+        first[gid] = rank
+    return None
+
+
+def gpu_ready(api, local_size=1, seen=None, uses_torch=False):
+    """(ok, why) for one process: does it see a GPU, and does the GPU stack run on it? (doctor, tests)
     seen: visible_gpus()'s answer when one rank of the node already asked (one nvidia-smi per node)."""
     n, why = seen or visible_gpus()
     if n == 0:
         return False, why
-    if local_size > n:
-        return False, (f"{local_size} ranks on this node but {n} GPU(s): "
-                       "NCCL needs one GPU per rank (lower NP or use --device cpu)")
-    try:
-        if api == "torch":
-            import torch
-            import torch.distributed as dist
-            if not torch.cuda.is_available():
-                return False, f"torch {torch.__version__} cannot use CUDA (CPU-only build or driver mismatch)"
-            if not dist.is_nccl_available():
-                return False, f"torch {torch.__version__} was built without NCCL"
-        else:
-            import cupy
-            from cupy.cuda import nccl
-            if not nccl.available:  # CuPy stands in an empty module when libnccl does not load
-                return False, ("CuPy cannot load the NCCL library "
-                               "(.venv/bin/pip install -r requirements-gpu.txt)")
-            nccl.get_version()
-            cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # any import / driver failure means "not usable", with its reason
-        first = (str(exc).strip().splitlines() or [""])[0]
-        return False, f"{api} GPU stack not usable: {type(exc).__name__}: {first}"
-    return True, f"{n} GPU(s) visible, {local_size} rank(s) on this node, NCCL loads"
+    ok, why, _, _ = probe(stacks(api, uses_torch), 0)
+    if ok and local_size > n:
+        return False, shared([0] * local_size, n)
+    return ok, why
 
 
 def decide(want, ready, why):
