@@ -1,73 +1,144 @@
-"""`bin/tutor doctor`: what this machine can do, and what `--device auto` will choose and why."""
+"""`bin/tutor doctor`: which Python, MPI, torch, CuPy and NCCL this kit found, whether they agree on
+CUDA, and what `--device auto` will choose and why. Every probe is fenced: doctor never prints a
+traceback, it says what failed in one line."""
+import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
+import textwrap
 import time
 
 from common import devices, launch
 
 
 def line(name, value):
-    print(f"  {name:<22} {value}")
+    """One row, its value wrapped under itself so that no line passes 100 columns."""
+    print(textwrap.fill(f"  {name:<22} {value}", 100, subsequent_indent=" " * 25))
 
 
-def main():
+def probe(name, fn):
+    """fn()'s value, or a 'NOT USABLE: ...' line (and None) when it raises."""
+    try:
+        return fn()
+    except Exception as exc:  # doctor reports, it never crashes
+        line(name, f"NOT USABLE: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}")
+        return None
+
+
+def python_section():
     print("python")
     gil = sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True
-    line("interpreter", f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})")
+    where = "TUTOR_PYTHON" if os.environ.get("TUTOR_PYTHON") else ".venv" if ".venv" in sys.prefix else "this"
+    line("interpreter", f"{platform.python_implementation()} {platform.python_version()} ({sys.executable}, "
+         f"{where})")
     line("GIL", "enabled" if gil else "disabled (free-threaded build)")
     line("usable cores", f"{launch.usable_cores()} of {os.cpu_count()}")
+
+
+def mpi_section():
     print("mpi")
     problems = 0
-    try:
+
+    def library():
         import mpi4py
         mpi4py.rc.initialize = False  # the library version is readable before MPI_Init
         from mpi4py import MPI
         line("mpi4py", mpi4py.__version__)
-        line("MPI library", MPI.Get_library_version().strip().splitlines()[0])
-        line("MPI standard", "%d.%d" % MPI.Get_version())
-    except Exception as exc:
-        problems += 1
-        line("mpi4py", f"NOT USABLE: {type(exc).__name__}: {exc}")
-    try:
+        line("MPI library", MPI.Get_library_version().strip().splitlines()[0][:70])
+        return True
+
+    def thread_level():
         argv = launch.mpiexec(1)
         line("mpiexec", " ".join(argv))
-        probe = "from mpi4py import MPI; print(MPI.Query_thread(), MPI.THREAD_MULTIPLE)"
+        check = "from mpi4py import MPI; print(MPI.Query_thread(), MPI.THREAD_MULTIPLE)"
         t0 = time.monotonic()
-        out = subprocess.run([*argv, "-n", "1", launch.python(), "-c", probe], capture_output=True,
+        out = subprocess.run([*argv, "-n", "1", launch.python(), "-c", check], capture_output=True,
                              text=True, timeout=60)
-        level, multiple = (int(x) for x in out.stdout.split())
+        level, _ = (int(x) for x in out.stdout.split())
         names = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
         line("thread level", f"{names.get(level, level)} (a 1-rank launch took {time.monotonic() - t0:.1f} s)")
-    except Exception as exc:
-        problems += 1
-        line("mpiexec", f"NOT USABLE: {exc}")
+        return True
+
+    problems += probe("mpi4py", library) is None
+    problems += probe("mpiexec", thread_level) is None
+    return problems
+
+
+def torch_section():
+    """torch's CUDA major and NCCL version, or None for each when it has none."""
     print("torch")
-    try:
+
+    def find():
         import torch
         import torch.distributed as dist
-        line("torch", torch.__version__)
+        cuda = torch.version.cuda
+        line("torch", f"{torch.__version__} ({'CUDA ' + cuda + ' build' if cuda else 'CPU-only build'})")
         line("gloo / nccl", f"{dist.is_gloo_available()} / {dist.is_nccl_available()}")
-        line("CUDA", f"{torch.cuda.is_available()} ({torch.cuda.device_count()} device(s))")
-    except Exception as exc:
-        line("torch", f"NOT USABLE: {type(exc).__name__}: {exc}")
+        nccl = None
+        if cuda:
+            line("CUDA", f"{torch.cuda.is_available()} ({torch.cuda.device_count()} device(s))")
+            nccl = ".".join(map(str, torch.cuda.nccl.version())) if dist.is_nccl_available() else None
+            line("NCCL (torch)", nccl or "none")
+        return int(cuda.split(".")[0]) if cuda else None, nccl
+
+    return probe("torch", find) or (None, None)
+
+
+def cupy_section():
+    """CuPy's CUDA major (from its wheel's name) and the NCCL version it loads, or None for each."""
+    print("cupy")
+    dist = next((d for d in importlib.metadata.distributions()
+                 if re.fullmatch(r"cupy(-cuda\d+x)?", (d.metadata["Name"] or "").lower())), None)
+    if dist is None:
+        line("CuPy", "not installed (the mpi4py GPU path needs it; it has no macOS wheel)")
+        return None, None
+    m = re.fullmatch(r"cupy-cuda(\d+)x", dist.metadata["Name"].lower())
+    major = int(m[1]) if m else None
+    line("CuPy", f"{dist.metadata['Name']} {dist.version}" + (f" (built for CUDA {major})" if major else ""))
+
+    def nccl_version():
+        ok, why = devices.nccl_loads()
+        if not ok:
+            line("NCCL (CuPy)", why)
+            return None
+        from cupy.cuda import nccl
+        v = nccl.get_version()
+        text = f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+        line("NCCL (CuPy)", text)
+        return text
+
+    return major, probe("NCCL (CuPy)", nccl_version)
+
+
+def agreement(torch_cuda, cupy_cuda, torch_nccl, cupy_nccl):
+    """Lines saying whether torch and CuPy agree on CUDA and NCCL (empty when there is nothing to compare)."""
+    said = []
+    if torch_cuda and cupy_cuda:
+        said.append(f"CUDA {torch_cuda} for both" if torch_cuda == cupy_cuda else
+                    f"DISAGREE: torch is built for CUDA {torch_cuda}, CuPy for CUDA {cupy_cuda}: install "
+                    f"cupy-cuda{torch_cuda}x (make setup does)")
+    if torch_nccl and cupy_nccl:
+        said.append(f"one NCCL, {torch_nccl}" if torch_nccl == cupy_nccl else
+                    f"two NCCL builds: torch's {torch_nccl}, CuPy's {cupy_nccl}")
+    return said
+
+
+def main():
+    python_section()
+    problems = mpi_section()
+    torch_cuda, torch_nccl = torch_section()
+    cupy_cuda, cupy_nccl = cupy_section()
+    for text in agreement(torch_cuda, cupy_cuda, torch_nccl, cupy_nccl):
+        line("agree?", text)
     print("gpu")
-    n, why = devices.visible_gpus()
+    n, why = probe("GPUs visible", devices.visible_gpus) or (0, "not probed")
     line("GPUs visible", why)
-    if n:
-        try:
-            import cupy
-            from cupy.cuda import nccl
-            line("CuPy", cupy.__version__)
-            line("NCCL (CuPy)", nccl.get_version())
-        except Exception as exc:
-            line("CuPy / NCCL", f"NOT USABLE: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-    else:
-        line("CuPy / NCCL", "not probed (no GPU)")
     print("--device auto will choose")
     for api in devices.APIS:
-        ready, reason = devices.gpu_ready(api, 1) if n else (False, why)
+        ready, reason = probe(f"--api {api}", lambda: devices.gpu_ready(api, 1) if n else (False, why)) or \
+            (False, "the probe failed")
         line(f"--api {api}", f"{'gpu' if ready else 'cpu'}: {reason}" +
              (f" (up to {n} rank(s) per node)" if ready else ""))
     return 1 if problems else 0
