@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from conftest import ROOT, processes_running, tutor
 from gpu_double import env
 
 MPIEXEC = os.path.join(ROOT, ".venv", "bin", "mpiexec")
-PY = os.path.join(ROOT, ".venv", "bin", "python") if os.path.exists(os.path.join(ROOT, ".venv")) else sys.executable
+PY = os.path.join(ROOT, ".venv", "bin", "python")
+PY = PY if os.path.exists(PY) else sys.executable
 
 PRELUDE = '''
 import json
@@ -63,6 +65,9 @@ def start(tmp_path, body, n, extra_env=None):
 def kill(proc, script):
     os.killpg(proc.pid, signal.SIGKILL)  # mpiexec, its proxies and the ranks share the group
     out, err = proc.communicate()
+    end = time.monotonic() + 10
+    while processes_running(str(script)) and time.monotonic() < end:  # SIGKILL lands, not at once
+        time.sleep(0.05)
     assert not processes_running(str(script)), "a rank outlived its killed mpiexec"
     return out, err
 
@@ -122,14 +127,17 @@ def names(doc):
     return [p.split("=")[0].split()[-1] for p in doc.splitlines()[0].split("(", 1)[1][:-1].split(", ")]
 params = {m: (names(getattr(real.NcclCommunicator, m).__doc__)[1:],
               [q[1] for q in getattr(nccl.NcclCommunicator, m).real_params])
-          for m in ("allReduce", "reduce", "bcast", "broadcast", "allGather", "reduceScatter", "send", "recv")}
-params["NcclCommunicator"] = (names(real.NcclCommunicator.__doc__), [q[1] for q in nccl.NcclCommunicator.__init__.real_params])
+          for m in ("allReduce", "reduce", "bcast", "broadcast", "allGather", "reduceScatter", "send",
+                    "recv")}
+params["NcclCommunicator"] = (names(real.NcclCommunicator.__doc__),
+                              [q[1] for q in nccl.NcclCommunicator.__init__.real_params])
 constants = {k: getattr(real, k) == getattr(nccl, k) for k in dir(real) if k.startswith("NCCL_")}
 def fake(line):
     return type("Fake", (), {"__doc__": line})
 drift = failure(lambda: nccl.checked(fake("NcclCommunicator.send(self, intptr_t buf, size_t count)"))(
     lambda self, sendbuf, count: None))
-report(got=got, params=params, constants=constants, drift=drift, error_is_real=nccl.NcclError is real.NcclError,
+report(got=got, params=params, constants=constants, drift=drift,
+       error_is_real=nccl.NcclError is real.NcclError,
        version=[nccl.get_version(), real.get_build_version()])
 '''
 
@@ -161,9 +169,9 @@ report(err=failure(lambda: nccl_comm().allReduce(x.data.ptr, x.data.ptr, 4 / 2, 
 def test_an_unloadable_real_module_is_an_import_error_in_one_line(tmp_path):
     proc, _ = start(tmp_path, "", 0, {"TUTOR_GPU_DOUBLE_LIBNCCL": str(tmp_path / "missing.so")})
     _, err = proc.communicate(timeout=60)  # the prelude imports cupy.cuda.nccl
-    probe = subprocess.run([PY, "-c", "from common import devices; print(devices.gpu_ready('mpi4py', 1, (8, '')))"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=60,
-                           env={**os.environ, **env(tmp_path), "TUTOR_GPU_DOUBLE_LIBNCCL": str(tmp_path / "x.so")})
+    code = "from common import devices; print(devices.gpu_ready('mpi4py', 1, (8, '')))"
+    broken = {**os.environ, **env(tmp_path), "TUTOR_GPU_DOUBLE_LIBNCCL": "/no/libnccl.so.2"}
+    probe = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=broken)
     assert proc.returncode != 0
     last = err.strip().splitlines()[-1]
     assert last.startswith("ImportError: GPU double: cannot load the real cupy_backends.cuda.libs.nccl with "
@@ -188,6 +196,14 @@ for name, dtype, kind in [("f64", np.float64, nccl.NCCL_FLOAT64), ("i32", np.int
 x, y = data(rank, n, np.float32), cupy.full(n, -1.0, dtype=np.float32)
 f32, root = nccl.NCCL_FLOAT32, size - 1
 comm.reduce(x.data.ptr, y.data.ptr, n, f32, nccl.NCCL_SUM, root, s.ptr)
+y0 = cupy.full(n, -1.0, dtype=np.float32)
+# NCCL uses reduce's recvbuf on the root only: elsewhere any pointer will do
+comm.reduce(x.data.ptr, y0.data.ptr if rank == root else 0, n, f32, nccl.NCCL_MAX, root, s.ptr)
+grouped = [cupy.zeros(n, dtype=np.float32) for _ in range(2)]
+nccl.groupStart()                                                # collectives may be grouped too
+for op, out_ in zip((nccl.NCCL_MIN, nccl.NCCL_SUM), grouped):
+    comm.allReduce(x.data.ptr, out_.data.ptr, n, f32, op, s.ptr)
+nccl.groupEnd()
 z = data(rank, n, np.float32)
 comm.bcast(z.data.ptr, n, f32, 1, s.ptr)
 b = cupy.full(n, -1.0, dtype=np.float32)
@@ -211,7 +227,8 @@ comm.send(ring.data.ptr, n, nccl.NCCL_INT64, (rank + 1) % size, s.ptr)
 comm.recv(got.data.ptr, n, nccl.NCCL_INT64, (rank - 1) % size, s.ptr)
 nccl.groupEnd()
 cupy.cuda.Device().synchronize()
-out.update({"reduce": host(y), "bcast": host(z), "broadcast": host(b), "allGather": host(g),
+out.update({"reduce": host(y), "reduce to the root only": host(y0), "grouped": [host(a) for a in grouped],
+            "bcast": host(z), "broadcast": host(b), "allGather": host(g),
             "reduceScatter": host(rs), "allReduce in place": host(ip), "allGather in place": host(ipg),
             "reduceScatter in place": host(iprs[rank * n:(rank + 1) * n]), "send/recv ring": host(got)})
 report(**out)
@@ -232,6 +249,8 @@ def test_collectives_and_send_recv_match_numpy(tmp_path, n):
                                            err_msg=f"allReduce {op} {name} rank {r}")
         xs = np.array([data(q, c, np.float32) for q in range(n)])
         assert row["reduce"] == (xs.sum(0).tolist() if r == n - 1 else [-1.0] * c)
+        assert row["reduce to the root only"] == (xs.max(0).tolist() if r == n - 1 else [-1.0] * c)
+        assert row["grouped"] == [xs.min(0).tolist(), xs.sum(0).tolist()]
         assert row["bcast"] == xs[1].tolist()
         assert row["broadcast"] == xs[0].tolist()
         assert row["allGather"] == xs.ravel().tolist()
@@ -295,7 +314,7 @@ report(chain=int(x[0]), on_null=on_null, after=int(y[0]))
 
 HEAD_TO_HEAD = '''
 comm, s, peer = nccl_comm(), null, 1 - rank
-out, got = cupy.full(1 << 10, rank, dtype=cupy.float64), cupy.zeros(1 << 10, dtype=cupy.float64)
+out, got = cupy.full(1, rank, dtype=cupy.float64), cupy.zeros(1, dtype=cupy.float64)  # eager-sized
 MODE
 print(f"posted {rank}", flush=True)
 s.synchronize()
@@ -412,7 +431,8 @@ comm.allReduce(x.data.ptr, x.data.ptr, 2, nccl.NCCL_INT64, nccl.NCCL_SUM, null.p
 null.synchronize()
 report(half_sum=int(x[0]), nccl_rank=comm.rank_id(), nccl_size=comm.size(), device=comm.device_id())
 ''', n=3)
-    assert [(r["half_sum"], r["nccl_rank"], r["nccl_size"]) for r in rows] == [(1, 0, 2), (1, 1, 2), (2, 0, 1)]
+    got = [[r["half_sum"], r["nccl_rank"], r["nccl_size"]] for r in rows]
+    assert got == [[1, 0, 2], [1, 1, 2], [2, 0, 1]]
     assert not list(tmp_path.glob("nccl-rendezvous-*")), "the rendezvous folders were left behind"
 
 

@@ -51,7 +51,7 @@ def real_nccl_module():
 
 def stub_source(symbols):
     """C source defining every ncclX the real module links: all succeed, doing nothing."""
-    lines = ['#include <stddef.h>']
+    lines = []
     for name in symbols:
         if name == "ncclGetErrorString":
             cases = "".join(f'    case {i}: return "{text}";\n' for i, text in enumerate(ERRORS))
@@ -74,7 +74,9 @@ def build():
     """(stub libnccl.so.2, real cupy names JSON): built once per real module, then cached."""
     so = real_nccl_module()
     python = PYTHON if os.path.exists(PYTHON) else sys.executable
-    key = hashlib.sha256(f"{so}:{os.stat(so).st_mtime_ns}:{python}".encode()).hexdigest()[:16]
+    with open(__file__, "rb") as f:  # a change to this recipe builds anew
+        recipe = hashlib.sha256(f.read()).hexdigest()
+    key = hashlib.sha256(f"{so}:{os.stat(so).st_mtime_ns}:{python}:{recipe}".encode()).hexdigest()[:16]
     cache = os.path.join(tempfile.gettempdir(), f"tutor-gpu-double-{key}")
     lib, names = os.path.join(cache, "libnccl.so.2"), os.path.join(cache, "cupy_names.json")
     if os.path.exists(names):

@@ -29,7 +29,10 @@ def _real_version():
 
 __version__ = f"{_real_version()} (GPU double)"
 _names_file = os.environ.get("TUTOR_GPU_DOUBLE_NAMES")
-_REAL = json.load(open(_names_file)) if _names_file and os.path.exists(_names_file) else None
+_REAL = None  # the real cupy's names (gpu_double.env() lists them); None: every NumPy name
+if _names_file and os.path.exists(_names_file):
+    with open(_names_file) as _f:
+        _REAL = json.load(_f)
 _VIEWS = {"reshape", "view", "transpose", "squeeze", "swapaxes", "ravel", "T"}  # no kernel: no flush
 _HOST_READS = {"item", "tolist", "tobytes"}
 

@@ -196,6 +196,10 @@ def _execute(ops, grouped):
             run()
 
 
+def __getattr__(name):
+    raise AttributeError(f"module 'cupy.cuda.nccl' (GPU double) has no attribute {name!r}")
+
+
 # ---- the communicator ------------------------------------------------------------------------------
 
 class NcclCommunicator:
@@ -237,6 +241,9 @@ class NcclCommunicator:
         if rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
         self._rank, self._size, self._device, self._live = rank, ndev, runtime.getDevice(), True
+
+    def __getattr__(self, name):
+        raise AttributeError(f"'NcclCommunicator' (GPU double) has no attribute {name!r}")
 
     @property
     def comm(self):

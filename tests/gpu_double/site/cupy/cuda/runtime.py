@@ -77,6 +77,10 @@ def deviceSynchronize():
     _stream.synchronize_all()
 
 
+def __getattr__(name):
+    raise AttributeError(f"module 'cupy.cuda.runtime' (GPU double) has no attribute {name!r}")
+
+
 def runtimeGetVersion():
     return 12080
 
