@@ -16,12 +16,16 @@ What to watch for:
     the last bits: the ring adds the N pieces of chunk j in ring order, the library in its own
     order, and float addition is not associative (error <= (N-1)*eps*sum|x|, shown).
   * the runner then grades the algorithm, not only the sum: steps = 2(N-1), every message goes to
-    rank+1, and the bytes each rank sent equal the exact sum of the chunks it sent (closed form).
+    rank+1, all ranks together send exactly 2(N-1) buffers, and each rank sends 2(N-1)/N of its buffer
+    give or take a chunk's rounding. Any correct ring passes: where the finished chunks land (chunk
+    r+1 on rank r here; chunk r on rank r in MPI_Reduce_scatter_block and NCCL's ReduceScatter) is a
+    convention, and it only decides which two chunks a rank never sends.
   * --trace draws the whiteboard: rank 0's data is A, rank 1's B, ...; `A1+C1` is chunk 1 summed
     over ranks A and C so far. NP <= 8.
   * section 2 races the ring against the library (MPI_Allreduce, gloo or NCCL all-reduce) with
-    nccl-tests' columns; section 3 measures one step's latency to show where the ring loses:
-    small messages pay 2(N-1) latencies. --bench runs the full sweep (-b 8 -e 128M -f 2).
+    nccl-tests' columns; section 3 measures one neighbour exchange (alpha) and sets the ring's
+    smallest-size time beside 2(N-1)*alpha and the library's, saying what the numbers show on this
+    run and transport. --bench runs the full sweep (-b 8 -e 128M -f 2).
 
 Run it:
   make lesson-05 NP=4                   (API=torch; ARGS="--trace"; ARGS="--dtype int32 --counts 5,9")
@@ -31,6 +35,7 @@ The full race is a benchmark (minutes on a small machine): run it raw, or give b
   (--plot r.png needs matplotlib; --json PATH keeps every row; -b/-e/-f/-n/-w as in nccl-tests)
 Read any nccl-tests line:  bin/tutor busbw --op allreduce --bytes B --time-us T --ranks N
 """
+import math
 import os
 import sys
 
@@ -110,13 +115,22 @@ def check_counts(ctx, args, be):
         diff = np.abs(got - want)
         rel = float((diff / np.maximum(np.abs(want), 1e-30)).max()) if count else 0.0
         runs.append({"rank": rank, "count": count, "steps": tally.steps, "bytes_sent": tally.bytes_sent,
+                     "total_sent": ctx.comm.allreduce(tally.bytes_sent),  # every rank's, added
                      "dest_lo": min(tally.dests, default=-1), "dest_hi": max(tally.dests, default=-1),
                      "mismatches": int((diff > 0).sum()), "max_rel_err": rel})
-        sizes = " ".join(str(b - a) for a, b in bounds) if n <= 8 else f"{bounds[0][1]} ..."
-        rows.append((count, sizes, tally.steps, tally.bytes_sent, int(x.nbytes),
-                     ",".join(map(str, sorted(tally.dests))) or "-", int((diff > 0).sum()), rel))
-    report.say(ctx, report.table(["count", "chunk sizes", "steps", "bytes sent", "buffer B", "to", "#differ",
-                                  "max rel err"], rows))
+        sizes = " ".join(str(b - a) for a, b in bounds) if n <= 8 else f"{bounds[0][1] - bounds[0][0]} ..."
+        share = round(tally.bytes_sent / x.nbytes, 3) if count else "-"
+        rows.append([count, sizes, rank, tally.steps, tally.bytes_sent, share,
+                     ",".join(map(str, sorted(tally.dests))) or "-", int((diff > 0).sum()), rel])
+    every = ctx.comm.gather(rows, root=0)
+    if rank == 0:  # one table: a count's shared columns once, then one row per rank
+        table = [row if r == 0 else ["", ""] + row[2:] for i in range(len(rows)) for r, row in
+                 enumerate(mine[i] for mine in every)]
+        print(report.table(["count", "chunk sizes", "rank", "steps", "bytes sent", "x buffer", "to",
+                            "#differ", "max rel err"], table,
+                           align=[True, False, True, True, True, True, False, True, True]))
+        print(f"x buffer: bytes sent / buffer bytes, 2(N-1)/N = {2 * (n - 1) / n:.3g} give or take "
+              "a chunk's rounding", flush=True)
     return runs
 
 
@@ -185,6 +199,61 @@ def latency(ctx, be, dtype, iters):
                              3, iters, be.sync)
 
 
+def mpi_library():
+    """'MPICH', 'Open MPI' or the first words of whatever MPI this is (its own version string)."""
+    from mpi4py import MPI
+    text = MPI.Get_library_version().strip()
+    return next((name for name in ("MPICH", "Open MPI") if text.startswith(name)), " ".join(text.split()[:2]))
+
+
+def library_story(ctx, small, alpha):
+    """What the library's smallest-size time says, in the words of the transport that ran it."""
+    n, lib_alphas = ctx.world_size, small["lib_us"] / (alpha * 1e6)
+    steps, lg = 2 * (n - 1), math.ceil(math.log2(n))
+    said = f"library at {small['size']} B: {small['lib_us']:.1f} us = {lib_alphas:.1f} alphas. "
+    if ctx.transport == "gloo":  # torch calls gloo's allreduce with no algorithm: gloo runs its ring
+        return [said + "gloo's all-reduce, as torch calls it, is a ring",
+                f"  too, driven from C++: {small['lib_us'] / steps:.1f} us per step, against {alpha * 1e6:.1f} us "
+                "for one of our exchanges", "  (each a call from Python)"]
+    if ctx.transport == "nccl":
+        return [said + "NCCL picks ring or tree, and a protocol, per call",
+                "  from its own cost model (NCCL_ALGO / NCCL_PROTO force one; NCCL_DEBUG=INFO",
+                "  NCCL_DEBUG_SUBSYS=TUNING shows its choice)"]
+    name = mpi_library()
+    if name != "MPICH":
+        return [said + f"{name} picks its algorithm per size;", "  this run does not show which"]
+    head = [said + "MPICH's classic pick below",
+            "  MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 B; its tuning may choose another) is recursive",
+            f"  doubling: ceil(lg N) = {lg} exchanges, not {steps};"]
+    if lib_alphas < small["ring_us"] / (alpha * 1e6):
+        return head + ["  it took fewer alphas than the ring, as such an algorithm would"]
+    return head + ["  here it took no fewer alphas than the ring: this run does not show it"]
+
+
+def latency_story(ctx, rows, alpha):
+    """Section 3's lines: the ring's smallest size against 2(N-1)*alpha, the library's, the largest size."""
+    n, cores = ctx.world_size, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    small, big, steps = rows[0], rows[-1], 2 * (n - 1)
+    model = steps * alpha * 1e6
+    meas = small["ring_us"] / model if model > 0 else float("nan")
+    lines = [f"alpha = one neighbour exchange of 1 element, made as the ring makes them: {alpha * 1e6:.1f} us",
+             f"at {small['size']} B the ring makes {steps} = 2(N-1) in a row: 2(N-1)*alpha = {model:.1f} us, "
+             f"measured {small['ring_us']:.1f} us ({meas:.2f}x)"]
+    if 1 / 1.5 <= meas <= 1.5:
+        lines.append("  within 1.5x: the ring's small-message time is its 2(N-1) latencies, as the model says")
+    elif meas > 1.5:
+        lines.append("  over 1.5x the model: a step in the ring costs more than a lone exchange here"
+                     + (f" ({n} ranks, {cores} cores)" if n > cores else ""))
+    else:
+        lines.append("  under the model: a lone exchange costs more than a step inside the ring here")
+    lines += library_story(ctx, small, alpha)
+    share = model / big["ring_us"] if big["ring_us"] > 0 else 0.0
+    lines.append(f"at {bandwidth.human(big['size'])}, 2(N-1)*alpha is {share:.0%} of the ring's time: " +
+                 ("bandwidth, not latency, decides there" if share < 0.25 else
+                  "latency still counts; --bench goes larger"))
+    return lines
+
+
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--counts", type=bootstrap.count_list, default=None, metavar="C,C,...",
@@ -217,7 +286,7 @@ def main():
                         f"vs the library's all-reduce")
     runs = check_counts(ctx, args, be)
     if args.dtype != "int32" and ctx.rank == 0:
-        print(f"floats: the ring adds chunk j's N pieces in ring order, the library in its own; float "
+        print(f"floats: the ring adds chunk j's N pieces in ring order, the library in its own; float\n"
               f"addition is not associative, so allow (N-1)*eps = {(n - 1) * EPS[args.dtype]:.2g} of sum|x|",
               flush=True)
     summary = {}
@@ -225,25 +294,19 @@ def main():
         rows = race(ctx, args, be, pick, sweep)
         alpha = latency(ctx, be, args.dtype, max(pick["iters"], 20))
         if ctx.rank == 0:
-            report.section(ctx, f"2. the race: ring vs {LIBRARY[ctx.transport]} (in place; time = slowest "
-                                f"rank's mean of {pick['iters']} after {pick['warmup']} warm-up; "
-                                f"busbw = algbw*2(N-1)/N)")
+            report.section(ctx, f"2. the race: ring vs {LIBRARY[ctx.transport]}, in place")
+            print(f"time: the slowest rank's mean of {pick['iters']} after {pick['warmup']} warm-up\n"
+                  f"busbw = algbw*2(N-1)/N; ring/lib = ring busbw / lib busbw")
             print(report.table(["size B", "count", "type", "redop", "ring us", "algbw", "busbw",
-                                "lib us", "algbw", "busbw", "#wrong", "ring/lib busbw"],
+                                "lib us", "algbw", "busbw", "#wrong", "ring/lib"],
                                [(r["size"], r["count"], r["type"], r["redop"], round(r["ring_us"], 1),
                                  round(r["ring_algbw"], 3), round(r["ring_busbw"], 3), round(r["lib_us"], 1),
                                  round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"],
                                  round(r["ratio"], 2)) for r in rows]))
             print(bandwidth.chart([r["size"] for r in rows], {"ring": [r["ring_busbw"] for r in rows],
                                                               "library": [r["lib_busbw"] for r in rows]}))
-            small = rows[0]
-            print(f"\n== 3. where the ring loses: latency\n"
-                  f"one neighbour exchange of 1 element: alpha = {alpha * 1e6:.1f} us (measured)\n"
-                  f"the ring does 2(N-1) = {2 * (n - 1)} of them in a row, so at {small['size']} B it "
-                  f"needs about 2(N-1)*alpha = {2 * (n - 1) * alpha * 1e6:.1f} us; measured "
-                  f"{small['ring_us']:.1f} us = {small['ring_us'] / (alpha * 1e6):.1f} alphas; library "
-                  f"{small['lib_us']:.1f} us = {small['lib_us'] / (alpha * 1e6):.1f} alphas (it picks a "
-                  f"few-step algorithm for small messages); at large sizes bandwidth, not alpha, decides")
+            print("\n".join(["", "== 3. where the ring loses: latency"] + latency_story(ctx, rows, alpha)),
+                  flush=True)
             if args.csv:
                 report.write_csv(args.csv, rows)
                 print(f"wrote {args.csv}")

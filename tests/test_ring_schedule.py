@@ -10,12 +10,12 @@ from conftest import load_lesson
 ring = load_lesson("05_ring_allreduce.py")
 
 
-def simulate(n, count, dtype=np.int64):
+def simulate(n, count, dtype=np.int64, schedule=ring.ring_schedule):
     """Run every rank's schedule in lockstep; a message is what rank r sends to (r+1) at that step."""
     data = [np.arange(count, dtype=dtype) * (r + 1) + r for r in range(n)]
     bufs = [d.copy() for d in data]
     bounds = shards.chunk_bounds(count, n)
-    scheds = [ring.ring_schedule(r, n) for r in range(n)]
+    scheds = [schedule(r, n) for r in range(n)]
     sent = [0] * n
     for step in range(len(scheds[0])):
         msgs = {}
@@ -64,6 +64,30 @@ def test_simulated_ring_sums_and_sends_the_closed_form(n, count):
         np.testing.assert_array_equal(bufs[r], want)
         size = lambda j: count // n + (1 if j < count % n else 0)  # noqa: E731
         assert sent[r] == 2 * count - size((r + 1) % n) - size((r + 2) % n)
+
+
+def shifted(offset):
+    """A ring where rank r finishes chunk (r + offset) mod n: offset 1 is the lesson's, 0 is
+    MPI_Reduce_scatter_block's and NCCL's convention; every offset is a correct ring."""
+    def schedule(rank, n):
+        rs = [("reduce-scatter", s, (rank + offset - 1 - s) % n, (rank + offset - 2 - s) % n) for s in range(n - 1)]
+        return rs + [("all-gather", n - 1 + s, (rank + offset - s) % n, (rank + offset - 1 - s) % n)
+                     for s in range(n - 1)]
+    return schedule
+
+
+@pytest.mark.parametrize("n,count", [(1, 5), (2, 1), (3, 2), (4, 7), (5, 1003), (8, 3)])
+@pytest.mark.parametrize("offset", [0, 1, 2])
+def test_every_finishing_convention_passes_the_yaml_byte_checks(n, count, offset):
+    """The YAML checks the total (exactly 2(n-1) buffers) and a per-rank band, not which chunks a rank
+    skips: any correct ring passes, and the lesson's own ring is offset 1."""
+    if offset == 1:
+        assert shifted(1)(2, 5) == ring.ring_schedule(2, 5)
+    data, bufs, sent = simulate(n, count, schedule=shifted(offset))
+    for r in range(n):
+        np.testing.assert_array_equal(bufs[r], sum(data))
+        assert 2 * (count - -(-count // n)) <= sent[r] <= 2 * (count - count // n)
+    assert sum(sent) == 2 * (n - 1) * count
 
 
 @pytest.mark.parametrize("count,parts", [(0, 1), (0, 4), (1, 4), (3, 4), (7, 4), (1000003, 5), (10, 3)])
