@@ -2,9 +2,11 @@
 
 What to watch for:
   * every rank is its own process: its own rank, local_rank (its index on this node) and device;
+  * the API numbers its processes 0..N-1, each id once (torch and NCCL take MPI's numbering here);
   * an all-reduce of the rank ids leaves the same sum, N(N-1)/2, on every rank;
   * splitting the world into two halves gives each half its own communicator: the same all-reduce
-    inside a half only sums that half's ranks;
+    inside a half only sums that half's ranks, and each rank gets a new id inside its half, ordered
+    by the key it passed;
   * on a GPU, NCCL is bootstrapped over MPI: rank 0 makes a unique id, MPI broadcasts it, every rank
     joins with it. The lesson shows that handshake step by step.
 
@@ -48,6 +50,14 @@ def allreduce_sum(ctx, value, group=None):
     return int(y[0])
 
 
+def rank_in(ctx, group):
+    """This process's id as `group` numbers it (an MPI comm, a torch group or None, an NCCL comm)."""
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        return dist.get_rank(group)  # -1 for a group this rank is not in
+    return group.rank_id() if ctx.device == "gpu" else group.Get_rank()
+
+
 def split_in_halves(ctx, half):
     """A communicator for my half of the world, in the chosen API's own terms."""
     # half 0 is ranks 0..ceil(N/2)-1; torch returns (its group, []), MPI leaves its communicator in `sub`
@@ -74,12 +84,19 @@ def main():
     args, ctx = bootstrap.start(__file__, parser)
     n = ctx.world_size
 
-    report.section(ctx, f"1. who am I  ({n} ranks, api {ctx.api}; {ctx.why})")
-    report.say(ctx, f"host {ctx.host}  local_rank {ctx.local_rank} of {ctx.local_size}  "
+    report.section(ctx, f"1. who am I  ({n} ranks, api {ctx.api})")
+    if ctx.rank == 0:
+        print(f"device: {ctx.why}", flush=True)
+    world = None if ctx.api == "torch" else (ctx.nccl if ctx.device == "gpu" else ctx.comm)
+    my_id = rank_in(ctx, world)  # the id the chosen API gives me, not MPI's (unless MPI is the API)
+    report.say(ctx, f"id {my_id}  host {ctx.host}  local_rank {ctx.local_rank} of {ctx.local_size}  "
                     f"device {ctx.device}  transport {ctx.transport}  pid {os.getpid()}")
+    ids = ctx.comm.allgather(my_id)
+    distinct = len({i for i in ids if 0 <= i < n})
+    if ctx.rank == 0:
+        print(f"{distinct} distinct ids in 0..{n - 1} among {n} processes", flush=True)
 
     report.section(ctx, "2. all-reduce (SUM) of the rank ids: every rank should get N(N-1)/2")
-    world = None if ctx.api == "torch" else (ctx.nccl if ctx.device == "gpu" else ctx.comm)
     rank_sum = allreduce_sum(ctx, ctx.rank, world)
     report.say(ctx, f"sum of ranks = {rank_sum}   (formula {n}*{n - 1}/2 = {n * (n - 1) // 2})")
     assert rank_sum == n * (n - 1) // 2, "the all-reduce gave a wrong sum"
@@ -90,16 +107,21 @@ def main():
                    if n > 1 else "3. split the world: with 1 rank, half 1 is empty")
     group, steps = split_in_halves(ctx, half)
     if steps:
-        report.say(ctx, "NCCL handshake for my half: " + "; then ".join(steps))
+        report.say(ctx, "NCCL handshake for my half: " + "\n  then ".join(steps))
     half_sum = allreduce_sum(ctx, ctx.rank, group)
+    sub_rank = rank_in(ctx, group)
     members = range(m) if half == 0 else range(m, n)
-    report.say(ctx, f"half {half}: sum of my half's ranks = {half_sum}  (want {sum(members)})")
-    assert half_sum == sum(members), "the all-reduce inside the half gave a wrong sum"
+    report.say(ctx, f"half {half}: id {sub_rank} in my half; sum of my half's world ranks = {half_sum}"
+                    f"  (want {sum(members)})")
+    assert half_sum == sum(members), (
+        f"the all-reduce inside the half gave a wrong sum: rank {ctx.rank} got {half_sum}, want "
+        f"{sum(members)}, the sum of ranks {members.start}..{members.stop - 1}: those ranks, and "
+        "only they, must share a color (a group)")
 
-    report.finish(ctx, {"world_size": n, "local_rank": ctx.local_rank, "host": ctx.host,
-                        "device": ctx.device, "transport": ctx.transport, "rank_sum": rank_sum,
+    report.finish(ctx, {"world_size": n, "api_rank": my_id, "sub_rank": sub_rank,
+                        "local_rank": ctx.local_rank, "host": ctx.host, "device": ctx.device, "transport": ctx.transport, "rank_sum": rank_sum,
                         "half": half, "half_sum": half_sum},
-                  summary={"halves": 2 if n > 1 else 1})
+                  summary={"halves": 2 if n > 1 else 1, "distinct_ids": distinct})
 
 
 if __name__ == "__main__":
