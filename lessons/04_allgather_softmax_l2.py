@@ -6,19 +6,21 @@ The idea:
     both at once. Uneven pieces: agree on the sizes first (an all-gather of one integer each), then
     MPI's Allgatherv places them; torch and NCCL pad every piece to the largest and trim;
   * softmax of a vector sharded across ranks (a vocabulary-parallel output layer: each GPU holds the
-    logits of its slice of the vocabulary) needs only two scalars per rank: a MAX all-reduce of the
-    local maxima, then a SUM all-reduce of the local sums of exp(x - max). The naive exp(x)/sum exp(x)
-    overflows once a logit passes ~88.7 in float32; subtracting the global max cannot overflow;
+    logits of its slice of the vocabulary) hands the all-reduces only two scalars per rank: a MAX
+    all-reduce of the local maxima, then a SUM all-reduce of the local sums of exp(x - max). The naive
+    exp(x)/sum exp(x) overflows once a logit passes ln(max float32) = 88.72; subtracting the global
+    max makes every exponent <= 0, so nothing overflows;
   * the L2 norm of a sharded gradient: a SUM all-reduce of local sums of squares, then a square root;
-    every rank gets the same norm and so the same clip factor. Squares overflow float32 beyond ~1.8e19
-    and vanish below ~1e-19; dividing by the global max |x| first (one more scalar MAX all-reduce)
+    every rank gets the same norm and so the same clip factor. In float32 a square overflows above
+    sqrt(max) = 1.8e19, is subnormal (fewer significant bits) below sqrt(tiny) = 1.1e-19 and rounds
+    to 0 below about 2.6e-23; dividing by the global max |g| first (one more scalar MAX all-reduce)
     keeps every square in [0, 1];
   * contrast: an element-wise softmax ACROSS ranks (position i normalised over the N ranks' values at i)
-    is a different operation: N numbers per position, and full-length vectors travel, not scalars.
+    is a different operation: N numbers per position, and full-length vectors are all-reduced.
 
 What to watch for: the all-gathered arrays (identical everywhere), the softmax error against a
 float64 single-process reference, the naive softmax turning into nan, the norm table across
-magnitudes (naive: 0 or inf at the extremes), one clip factor on every rank.
+magnitudes (naive: 0, imprecise or inf away from 1), one clip factor on every rank.
 With 1 rank the all-reduces return their input: the "distributed" softmax and norm are the ordinary
 ones, and the element-wise softmax across one rank is 1 everywhere.
 
@@ -40,15 +42,15 @@ COUNT = 10          # items in the uneven all-gather (10 over 4 ranks: 3, 3, 2, 
 VOCAB = 32000       # length of the sharded logit / gradient vectors
 SCALE = 1000.0      # logits are uniform in [-scale, 0.99*scale]; the one at vocab//2 is +scale
 MAX_NORM = 1.0      # gradient clipping threshold, as in clip_grad_norm_(params, max_norm)
-MAGNITUDES = (1e-30, 1.0, 1e30)  # gradient sizes for the norm table: tiny, ordinary, huge
+MAGNITUDES = (1e-30, 1e-22, 1.0, 1e30)  # gradient sizes: squares round to 0, subnormal, normal, inf
 SEED = 4            # every rank draws the same full logit vector, then keeps its shard
-SENT = [0]          # bytes this rank has handed to all-reduce so far (a tally, for the byte count)
+HANDED = [0]        # bytes this rank has handed to collectives so far (what it asked them to move)
 
 
 def allreduce(ctx, a, op):
     """Element-wise MAX or SUM of NumPy array `a` over all ranks; every rank gets the result."""
     buf = buffers.on_device(ctx, a.copy())
-    SENT[0] += a.nbytes
+    HANDED[0] += a.nbytes
     if ctx.api == "torch":
         import torch.distributed as dist
         dist.all_reduce(buf, op={"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op])
@@ -69,6 +71,7 @@ def allgather(ctx, piece):
     """Every rank's equal-size `piece`, concatenated in rank order, on every rank."""
     n, k = ctx.world_size, len(piece)
     send, out = buffers.on_device(ctx, piece.copy()), buffers.empty(ctx, n * k, piece.dtype)
+    HANDED[0] += piece.nbytes
     if ctx.api == "torch":
         import torch.distributed as dist
         dist.all_gather([out[r * k:(r + 1) * k] for r in range(n)], send)
@@ -86,6 +89,7 @@ def gather(ctx, piece, root=0):
     """The same pieces collected on `root` only (others get an empty array)."""
     n, k = ctx.world_size, len(piece)
     send = buffers.on_device(ctx, piece.copy())
+    HANDED[0] += piece.nbytes
     out = buffers.empty(ctx, n * k, piece.dtype) if ctx.rank == root else None
     if ctx.api == "torch":
         import torch.distributed as dist
@@ -112,6 +116,7 @@ def gather(ctx, piece, root=0):
 def broadcast(ctx, piece, root=0):
     """The root's `piece` on every rank."""
     buf = buffers.on_device(ctx, piece.copy())
+    HANDED[0] += piece.nbytes
     if ctx.api == "torch":
         import torch.distributed as dist
         dist.broadcast(buf, src=root)
@@ -132,6 +137,7 @@ def allgather_uneven(ctx, piece):
         from mpi4py.util.dtlib import from_numpy_dtype
         out = np.empty(int(sizes.sum()), dtype=piece.dtype)
         displs = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        HANDED[0] += piece.nbytes
         ctx.comm.Allgatherv(piece, [out, sizes, displs, from_numpy_dtype(piece.dtype)])
         return out
     # torch and nccl all-gather equal sizes: pad to the largest piece, gather, trim each
@@ -140,6 +146,12 @@ def allgather_uneven(ctx, piece):
     padded[:len(piece)] = piece
     parts = allgather(ctx, padded).reshape(ctx.world_size, width)
     return np.concatenate([p[:s] for p, s in zip(parts, sizes)])
+
+
+def items(a, shown=12):
+    """A short text for an array of whole numbers: all of them, or the first few and a count."""
+    v = [int(x) for x in a]
+    return str(v) if len(v) <= shown else f"[{', '.join(map(str, v[:shown // 2]))}, ... ({len(v)} items)]"
 
 
 def distributed_softmax(ctx, x):
@@ -177,10 +189,25 @@ def naive_l2(ctx, g):
         return np.sqrt(allreduce(ctx, np.array([np.sum(np.square(g))], g.dtype), "sum")[0])
 
 
-def gradient_shard(lo, hi, mag):
-    """g[i] = mag * (i%3 + 1) * (-1)^i over global indices: squares repeat mag^2 * (1, 4, 9)."""
+def gradient_shard(lo, hi, vocab, mag):
+    """g[i] = (-1)^i * mag * 2(i+1)/vocab over global indices: a ramp up to 2*mag, so every shard has
+    its own max |g| (a norm scaled by a rank's own max is wrong, and shows it)."""
     i = np.arange(lo, hi)
-    return (mag * ((i % 3) + 1) * np.where(i % 2, -1.0, 1.0)).astype(np.float32)
+    return (mag * 2.0 * (i + 1) / vocab * np.where(i % 2, -1.0, 1.0)).astype(np.float32)
+
+
+def squares_in_float32(ctx, g):
+    """Which way g's float32 squares go, over all ranks: '100% normal', '87% subnormal, 13% 0' ..."""
+    from mpi4py import MPI
+    with np.errstate(over="ignore", under="ignore"):
+        sq = np.square(g)
+    mine = np.array([np.sum(np.isinf(sq)), np.sum((sq > 0) & (sq < np.finfo(np.float32).tiny)),
+                     np.sum(sq == 0), sq.size], dtype=np.int64)
+    total = np.empty_like(mine)
+    ctx.comm.Allreduce(mine, total, op=MPI.SUM)  # bookkeeping for the table, not the lesson's subject
+    parts = [f"{100 * k / max(1, total[3]):.0f}% {what}"
+             for k, what in zip(total[:3], ("inf", "subnormal", "0")) if k]
+    return ", ".join(parts) or "100% normal"
 
 
 def main():
@@ -197,18 +224,18 @@ def main():
     ctx.params = {"vocab": vocab, "scale": scale, "max_norm": args.max_norm, "piece": PIECE,
                   "count": COUNT}
 
-    report.section(ctx, f"1. all-gather vs broadcast vs gather, on the same pieces ({PIECE} items each)"
-                   + ("  (1 rank: every collective hands back my own data)" if n == 1 else ""))
+    report.section(ctx, f"1. all-gather vs broadcast vs gather, on the same {PIECE}-item pieces"
+                   + ("  (1 rank: each returns my own data)" if n == 1 else ""))
     piece = rank * PIECE + np.arange(PIECE, dtype=np.float64)  # pieces in rank order make 0, 1, 2 ...
     # the call, per API: comm.Allgather(piece, out) | dist.all_gather(parts, t) | nccl allGather(...)
     everyone = allgather(ctx, piece)
     from_root = broadcast(ctx, piece)  # only rank 0's piece travels
     on_root = gather(ctx, piece)       # every piece, but only rank 0 holds them
-    report.say(ctx, f"mine {piece}  all-gather {everyone}  broadcast {from_root}  "
-                    f"gather {on_root if rank == 0 else '(nothing: not the root)'}")
+    report.say(ctx, f"mine {items(piece)}  all-gather {items(everyone)}\n  broadcast {items(from_root)}  "
+                    f"gather {items(on_root) if rank == 0 else '(nothing: not the root)'}")
     lo, hi = chunk_bounds(COUNT, n)[rank]
     uneven = allgather_uneven(ctx, np.arange(lo, hi, dtype=np.float64))
-    report.say(ctx, f"uneven: my {hi - lo} items {lo}..{hi - 1}, all-gathered {uneven}")
+    report.say(ctx, f"uneven: my {hi - lo} items {lo}..{hi - 1}, all-gathered {items(uneven)}")
     assert np.array_equal(everyone, np.arange(n * PIECE)), "all-gather: wrong pieces or order"
     assert np.array_equal(uneven, np.arange(COUNT)), "uneven all-gather: wrong pieces or order"
 
@@ -219,46 +246,66 @@ def main():
     logits[vocab // 2] = scale  # the one largest logit sits mid-vector, on a middle rank
     a, b = chunk_bounds(vocab, n)[rank]
     x = logits[a:b]
-    before = SENT[0]
+    before = HANDED[0]
     p = distributed_softmax(ctx, x)
-    softmax_bytes = SENT[0] - before
+    softmax_bytes = HANDED[0] - before
     naive = naive_softmax(ctx, x)
     # reference: one process, float64, log-sum-exp by pairwise logaddexp (a different route)
     x64 = logits.astype(np.float64)
     ref = np.exp(x64 - np.logaddexp.reduce(x64))[a:b]
     err = float(np.max(np.abs(p - ref), initial=0))
+    # p / reference where both are normal float32 numbers: one factor (1) on every shard when the
+    # shift and the denominator are global; a shard that used its own max is off by its own factor
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = (p / ref)[(ref > 1e-30) & (p > 1e-30)]
+    shard_factor = float(np.median(ratios)) if ratios.size else None
     naive_err = float(np.max(np.abs(naive - ref), initial=0))  # nan where naive made inf/inf
     # bookkeeping over MPI's object calls (not the lesson's subject): totals and the global argmax
     naive_ok = ctx.comm.allreduce(bool(np.isfinite(naive).all() and naive_err <= 1e-6), op=MPI.LAND)
     mass = ctx.comm.allreduce(float(p.astype(np.float64).sum()))
     mine = (float(p.max()), a + int(np.argmax(p))) if len(p) else (-1.0, -1)
     p_max, argmax = max(ctx.comm.allgather(mine))
+    factors = [f for f in ctx.comm.allgather(shard_factor) if f is not None and np.isfinite(f)]
+    factor_spread = max(factors) / min(factors) if factors and min(factors) > 0 else None
     span = f"{a}..{b - 1}" if b > a else "(empty)"
-    report.say(ctx, f"shard {span} ({b - a} logits)  local max {np.max(x, initial=-np.inf):.6g}  "
-                    f"max |p - reference| {err:.2e}  naive: max |p - reference| {naive_err:.2e}")
+    report.say(ctx, f"shard {span}  local max {np.max(x, initial=-np.inf):.6g}  "
+                    f"max |p - ref| {err:.1e}  naive: max |p - ref| {naive_err:.1e}")
     if rank == 0:
         print(f"naive exp(x)/sum(exp(x)): {'right at this scale' if naive_ok else 'WRONG (inf/nan)'}; "
-              f"exp overflows float32 above {np.log(np.finfo(np.float32).max):.2f}. "
-              f"Sum of all probabilities {mass:.9f}, largest {p_max:.6g} at position {argmax}.\n"
-              f"communicated per rank: {softmax_bytes} B through all-reduce (MAX, then SUM of one "
-              f"float32 each), vs 4 B x {vocab} = {4 * vocab} B to all-gather every logit. Used for "
-              "vocabulary-parallel output layers (Megatron-style), where each GPU holds a slice "
-              "of the vocabulary and the full logit row never exists on one GPU.", flush=True)
+              f"exp overflows float32 above ln(max) = {np.log(np.finfo(np.float32).max):.2f}.\n"
+              f"sum of all probabilities {mass:.9f}, largest {p_max:.6g} at position {argmax};\n"
+              "p / reference per shard: " + ("no shard has a finite factor" if factor_spread is None else
+                                              f"{'one factor' if factor_spread < 1 + 1e-4 else 'DIFFERS'}"
+                                              f" (max/min {factor_spread:.6g})") + ".\n"
+              f"handed to all-reduce per rank: {softmax_bytes} B (MAX, then SUM, of one float32 each). "
+              "What crosses\nthe wire for them is the library's choice of algorithm (lesson 07): "
+              "a few small messages.\n"
+              f"all-gathering the logits instead would bring each rank (N-1)/N x 4 B x {vocab} = "
+              f"{4 * vocab * (n - 1) // n} B.\nvocabulary-parallel output layers (Megatron-style) do "
+              "the former: each GPU holds a slice of the\nvocabulary, and the full logit row never "
+              "exists on one GPU.", flush=True)
 
-    report.section(ctx, f"3. L2 norm of a sharded float32 gradient ({vocab} items), and the clip factor")
-    tiny, big = np.finfo(np.float32).tiny, np.finfo(np.float32).max
+    report.section(ctx, f"3. L2 norm of a sharded float32 gradient g[i] = (-1)^i mag 2(i+1)/{vocab}, "
+                        "and the clip factor")
+    f32 = np.finfo(np.float32)
     rows, norms = [], {}
     for mag in MAGNITUDES:
-        g = gradient_shard(a, b, mag)
+        g = gradient_shard(a, b, vocab, mag)
         robust, plain = float(distributed_l2(ctx, g)), float(naive_l2(ctx, g))
+        exact = np.sqrt(ctx.comm.allreduce(float(np.sum(np.square(g.astype(np.float64))))))
         norms[mag] = (robust, plain)
-        rows.append((f"{mag:g}", robust, plain))
+        rel = [abs(v - exact) / exact if np.isfinite(v) else float("inf") for v in (robust, plain)]
+        rows.append((f"{mag:g}", squares_in_float32(ctx, g), robust, f"{rel[0]:.1e}", plain, f"{rel[1]:.1e}"))
     if rank == 0:
-        print(report.table(["|g| scale", "scaled norm", "naive norm"], rows))
-        print(f"naive sum of squares in float32 works for |g| from about sqrt(tiny) = "
-              f"{np.sqrt(tiny):.1e} "
-              f"to sqrt(max / n) = {np.sqrt(big / vocab):.1e} for n = {vocab} items; the scaled norm "
-              f"works for any finite float32 g whose norm is itself < max = {big:.2e}", flush=True)
+        print(report.table(["mag", "float32 squares", "scaled norm", "rel err", "naive norm", "rel err"],
+                           rows, align=[False, False, True, True, True, True]))
+        print(f"rel err: against the root of the float64 sum of squares. A float32 square overflows "
+              f"above\nsqrt(max) = {np.sqrt(f32.max):.1e}, is subnormal below sqrt(tiny) = "
+              f"{np.sqrt(f32.tiny):.1e} and rounds to 0 below\nsqrt(smallest subnormal / 2) = "
+              f"{np.sqrt(float(f32.smallest_subnormal) / 2):.1e}; a sum of n squares overflows once "
+              f"|g| ~ sqrt(max / n)\n= {np.sqrt(f32.max / vocab):.1e} for n = {vocab}. The scaled norm "
+              f"works for any finite float32 g whose norm is\nitself below max = {f32.max:.2e}.",
+              flush=True)
     norm = norms[1.0][0]
     clip = min(1.0, args.max_norm / (norm + 1e-6))  # as torch's clip_grad_norm_: max_norm/(norm+eps)
     clips = ctx.comm.allgather(clip)
@@ -266,7 +313,7 @@ def main():
                     f"= {clip:.9g}")
 
     report.section(ctx, "4. not the same thing: softmax ACROSS ranks at each position"
-                   + ("  (1 rank: one value per position, so every p is 1)" if n == 1 else ""))
+                   + ("  (1 rank: every p is 1)" if n == 1 else ""))
     k = 4
     xr = rank * np.arange(k, dtype=np.float32)  # rank r holds x_r[i] = r*i at positions 0..3
     m = allreduce(ctx, xr, "max")               # element-wise: k values travel, not 1
@@ -275,9 +322,10 @@ def main():
     col = allreduce(ctx, pr.astype(np.float64), "sum")
     report.say(ctx, f"x_r = {xr}  p_r = {np.round(pr, 4)}")
     if rank == 0:
-        print(f"each position i is normalised over the {n} ranks: sum over ranks of p_r[i] = {col}; "
-              f"the sharded softmax of section 2 normalises one vector over all {vocab} positions "
-              f"(its total is 1, not {k}). Here 2 x {k} floats travel per rank, there 2 scalars.",
+        print(f"each position i is normalised over the {n} ranks: sum over ranks of p_r[i] = "
+              f"{np.round(col, 6)};\nthe sharded softmax of section 2 normalises one vector over all "
+              f"{vocab} positions\n(its total is 1, not {k}). Here 2 x {k} floats per rank are handed "
+              "to all-reduce, there 2 scalars.",
               flush=True)
 
     report.finish(ctx, {
@@ -287,11 +335,12 @@ def main():
         "allgatherv_n": int(uneven.size),
         "allgatherv_wsum": float((np.arange(uneven.size) * uneven).sum()),
         "softmax_max_abs_err": err, "softmax_finite": bool(np.isfinite(p).all()),
-        "naive_ok": naive_ok, "softmax_bytes": softmax_bytes,
-        "l2_tiny": norms[1e-30][0], "l2_one": norms[1.0][0], "l2_huge": norms[1e30][0],
+        "naive_ok": naive_ok, "softmax_handed_B": softmax_bytes, "softmax_shard_factor": shard_factor,
+        "l2_tiny": norms[1e-30][0], "l2_subnormal": norms[1e-22][0], "l2_one": norms[1.0][0],
+        "l2_huge": norms[1e30][0],
         "naive_l2_tiny": norms[1e-30][1], "naive_l2_huge_finite": bool(np.isfinite(norms[1e30][1])),
         "clip": clip, "elem_p0": float(pr[0]), "elem_colsum_err": float(np.max(np.abs(col - 1)))},
-        summary={"prob_total": mass, "argmax": argmax, "p_max": p_max,
+        summary={"prob_total": mass, "argmax": argmax, "p_max": p_max, "shard_factor_spread": factor_spread,
                  "clip_spread": max(clips) - min(clips)})
 
 
