@@ -16,6 +16,10 @@ tests/wrong_answers/NN_topic.yaml holds a list of mistakes for lesson NN, each o
       replace: [["old text, found exactly once", "new text"], ...]     # instead of region + code
       passes: another valid convention     # instead of fails: a correct variant that must pass
 
+tests/wrong_answers/gpu_double.yaml holds bugs planted in the lessons' CuPy + NCCL path, run under the GPU
+double (tests/gpu_double): each case names its `lesson: "NN"` and may say `hangs: why` (the run must hit
+its `timeout:`, as a real NCCL deadlock would) instead of fails / crashes.
+
 A check no wrong answer can fail is not a check; a correct variant that fails is a check too strict.
 """
 import os
@@ -27,8 +31,10 @@ from common import catalog, exercise, runner
 from conftest import ROOT
 
 FOLDER = os.path.join(ROOT, "tests", "wrong_answers")
-KEYS = {"mistake", "region", "code", "replace", "fails", "crashes", "passes", "says", "np", "api", "args"}
-VERDICTS = ("fails", "crashes", "passes")
+KEYS = {"mistake", "region", "code", "replace", "fails", "crashes", "hangs", "passes", "says", "np", "api",
+        "args", "lesson", "device", "timeout"}
+VERDICTS = ("fails", "crashes", "hangs", "passes")
+GPU_FILE = "gpu_double.yaml"
 
 
 def edit(source, case, where):
@@ -54,10 +60,13 @@ def _cases():
     for name in sorted(os.listdir(FOLDER)) if os.path.isdir(FOLDER) else []:
         if not name.endswith(".yaml"):
             continue
-        lesson = catalog.resolve(name.split("_")[0], os.path.join(ROOT, "lessons"))
         with open(os.path.join(FOLDER, name)) as f:
             for i, case in enumerate(yaml.safe_load(f) or []):
-                cases.append(pytest.param(lesson, case, id=f"{lesson.id}-{i}-{case.get('fails') or case.get('crashes') or 'passes'}"[:90]))
+                lid = str(case["lesson"]) if name == GPU_FILE else name.split("_")[0]
+                lesson = catalog.resolve(lid, os.path.join(ROOT, "lessons"))
+                verdict = case.get("fails") or case.get("crashes") or case.get("hangs") and "hangs" or "passes"
+                tag = f"{'gpu-' if name == GPU_FILE else ''}{lesson.id}-{i}-{verdict}"
+                cases.append(pytest.param(lesson, case, id=tag[:90]))
     return cases
 
 
@@ -74,8 +83,14 @@ def test_there_are_wrong_answers_for_every_exercise_region():
     assert not missing, f"exercise regions with no wrong answer: {missing}"
 
 
+@pytest.fixture(scope="module")
+def double(tmp_path_factory):
+    from gpu_double import env
+    return env(str(tmp_path_factory.mktemp("gpu_double")))
+
+
 @pytest.mark.parametrize("lesson, case", CASES)
-def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch):
+def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch, request):
     assert set(case) <= KEYS and "mistake" in case, f"unknown keys {set(case) - KEYS}"
     assert ("region" in case) != ("replace" in case) and sum(k in case for k in VERDICTS) == 1
     names = [c["name"] for c in lesson.meta["expect"]]
@@ -85,15 +100,21 @@ def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch):
     script = tmp_path / os.path.basename(lesson.path)
     script.write_text(edit(source, case, lesson.path))
     monkeypatch.setenv("PYTHONPATH", ROOT)  # the copy lives in tmp_path, away from common/
+    device = case.get("device", "cpu")
+    if device == "gpu":  # the double's PYTHONPATH puts its cupy first, then ROOT
+        for key, value in request.getfixturevalue("double").items():
+            monkeypatch.setenv(key, value)
     np = case.get("np", max(lesson.meta["np"]["check"]))
-    outcome, checks = runner.run_lesson(lesson, np, case.get("api", "mpi4py"), "cpu",
+    outcome, checks = runner.run_lesson(lesson, np, case.get("api", "mpi4py"), device,
                                         case.get("args", lesson.meta.get("args", [])), echo=False,
-                                        script=str(script))
+                                        script=str(script), timeout=case.get("timeout"))
     said = "\n".join(exercise.explain(lesson, outcome, checks, str(script), runner.explain(lesson, outcome, checks)))
     if "passes" in case:
         assert runner.ok(outcome, checks), f"a correct variant ({case['mistake']}) fails:\n{said}"
         return
-    if "crashes" in case:
+    if "hangs" in case:
+        assert outcome.timed_out, f"the bug '{case['mistake']}' did not hang (exit {outcome.rc}):\n{said}"
+    elif "crashes" in case:
         errors = "\n".join(outcome.errors.values())
         assert outcome.rc != 0 and case["crashes"] in errors, (
             f"the mistake '{case['mistake']}' did not stop a rank with {case['crashes']!r}:\n{said}")

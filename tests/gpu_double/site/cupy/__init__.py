@@ -37,6 +37,13 @@ _VIEWS = {"reshape", "view", "transpose", "squeeze", "swapaxes", "ravel", "T"}  
 _HOST_READS = {"item", "tolist", "tobytes"}
 
 
+def _garbage(a):
+    """Fresh device memory is not zeroed: fill it with 0xA5 bytes, so a read of bytes nobody wrote
+    (a count or dtype that covers too little) shows up as a wrong value, not as a lucky zero."""
+    a.view(np.uint8).fill(0xA5) if a.flags.c_contiguous or a.flags.f_contiguous else None
+    return a
+
+
 class ndarray:
     """A device array of the double: .data.ptr, .get(), and NumPy's arithmetic under CuPy's rules."""
     __array_priority__ = 100
@@ -44,7 +51,7 @@ class ndarray:
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         if memptr is not None or strides is not None:
             raise NotImplementedError("GPU double: ndarray(memptr=..., strides=...) is not simulated")
-        self._a = np.empty(shape, dtype, order=order)
+        self._a = _garbage(np.empty(shape, dtype, order=order))
         _memory.register(self._a)
 
     @classmethod
@@ -218,7 +225,7 @@ def empty(shape, dtype=float, order="C"):
 
 
 def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
-    a = np.empty_like(_unwrap(prototype), dtype=dtype, order=order, shape=shape)
+    a = _garbage(np.empty_like(_unwrap(prototype), dtype=dtype, order=order, shape=shape))
     _memory.register(a)
     return ndarray._of(a)
 
