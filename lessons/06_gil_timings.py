@@ -9,24 +9,34 @@ they wait. The lesson measures what that means:
   1. three kinds of work, each done serially, by T threads and by P processes (T = P = --workers):
      a pure-Python loop, a large NumPy operation, and a wait (a sleep standing for I/O or a comm call);
   2. the same pure-Python work split across the MPI ranks of this run: ranks are processes too;
-  3. a pure-Python thread computing while the main thread waits for a message in Recv
-     (dist.recv on --api torch): how much of its solo speed it keeps, against a C call that keeps
-     the GIL (libc usleep through ctypes.PyDLL, standing for a library that forgot to release it);
-  4. a speedup table and the conclusions these numbers support.
+  3. a pure-Python thread computing while the main thread waits for a message: in MPI Recv
+     (mpi4py), in dist.recv (gloo), or, on NCCL, in the CUDA sync that reads what dist.recv queued;
+     against a C call that keeps the GIL (libc usleep through ctypes.PyDLL, standing for a library
+     that forgot to release it). 'its cpu ms' shows whether the waiting thread slept or spun: a
+     released GIL is not an idle core (MPICH's Recv polls, and takes a core while it does);
+  4. a speedup table against one serial time, and the conclusions these numbers support.
 The thread and process experiments run inside rank 0; the other ranks wait without using a core.
 The worker processes are spawned fresh (no copy of this rank's MPI state) and each starts its own
 session, as mpiexec does for ranks: Linux's autogroup scheduler shares cpu per session, so without
 that, P busy workers would get one process's share on a loaded machine.
 
+Why one process per GPU (DistributedDataParallel), not one thread per GPU (the old DataParallel):
+the Python a training step runs (the forward's module calls, the loss, the optimizer's update, the
+loop itself) holds the GIL, so threads would take turns on it, as the pure-Python thread column
+shows; a single process would also copy the model to every GPU each step and scatter the inputs and
+gather the outputs through one of them. Backward is not the reason (autograd's engine runs in C++),
+nor data loading (DataLoader's workers are processes already).
+
 What to watch for:
   * pure-Python threads gain nothing (about 1x) while the GIL is on; processes and ranks scale with
     the usable cores; NumPy threads gain because NumPy releases the GIL; waits overlap in threads;
-  * a blocking Recv keeps (most of) the compute thread's speed; a wait that holds the GIL stops it;
+  * a blocking receive keeps (most of) the compute thread's speed; a wait that holds the GIL stops it;
   * a free-threaded Python (3.13t+, GIL off) makes the thread column scale too: the lesson says so.
 Timings on a loaded machine are noisy: the modes take turns and each time is the best of --repeat.
-The YAML checks every result against a closed form, and only the timing relations that held on a
-loaded 2-core machine (threads < 1.3x on pure Python with the GIL on, waits overlap, the GIL-holding
-call stops the thread, Recv does not); the others are printed, not checked.
+The YAML checks every result against a closed form (and that each rank looped over its own part
+only), and only the timing relations that held on a loaded 2-core machine: pure-Python threads keep
+at most one core busy with the GIL on, waits overlap, the GIL-holding call stops the thread, the
+receive does not. The speedups themselves are printed, not checked.
 
 Run it:
   make lesson-06 NP=2                       (or API=torch)
@@ -38,6 +48,7 @@ import ctypes.util
 import os
 import sys
 import sysconfig
+import textwrap
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -46,7 +57,7 @@ from multiprocessing import get_context
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, report  # noqa: E402
+from common import bootstrap, report, timing  # noqa: E402
 
 LOOP = 4_000_000          # pure-Python loop iterations in all (split over the tasks)
 NUMPY_COUNT = 4_000_000   # float64 elements in all for sin^2 + cos^2
@@ -57,6 +68,8 @@ REPEAT = 3                # each time is the best of this many runs
 MSG_COUNT = 1024          # int64 elements in part 3's message
 BATCH = 2_000             # loop iterations per unit of the compute thread's progress
 TAG = 6
+WIDTH = 100               # printed lines wrap here
+LOOPED = [0]              # items cpu_task looped over in this process since the last reset
 
 
 def usable_cores():
@@ -111,6 +124,7 @@ def cpu_task(bounds):
     s = 0
     for k in range(lo, hi):
         s += k
+    LOOPED[0] += max(hi - lo, 0)  # part 2 checks that each rank looped over its own part only
     return s
 
 
@@ -169,9 +183,9 @@ def race(runs, repeat):
     best = {name: (float("inf"), None, 0.0) for name in runs}
     for _ in range(repeat):
         for name, run in runs.items():
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = timing.now(timing.HOST), time.process_time()
             result = run()
-            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+            seconds, cpu = timing.now(timing.HOST) - t0, time.process_time() - c0
             if seconds < best[name][0]:
                 best[name] = (seconds, result, cpu / seconds)
     return best
@@ -253,11 +267,19 @@ def wait_for_message(ctx, buf):
     """Rank 0's main thread blocks until rank 1's message is in buf; returns the sum it got."""
     if ctx.api == "torch":
         import torch.distributed as dist
-        dist.recv(buf, src=1)                      # waits in C++ with the GIL released
-        return int(buf.sum())                      # on nccl the host waits here, GIL released too
-    else:
-        ctx.comm.Recv(buf, source=1, tag=TAG)      # waits in MPI with the GIL released
+        dist.recv(buf, src=1)                      # gloo: waits in C++ with the GIL released;
+        return int(buf.sum())                      # nccl: recv only queued, the host waits in this sync
+    ctx.comm.Recv(buf, source=1, tag=TAG)          # waits in MPI with the GIL released (host memory)
     return int(buf.sum())
+
+
+def recv_label(ctx):
+    """What part 3's main thread really waits in, per API and transport."""
+    if ctx.api == "mpi4py":
+        return "main thread blocked in MPI Recv" + (" (host memory)" if ctx.device == "gpu" else "")
+    if ctx.transport == "nccl":
+        return "main thread in the CUDA sync after dist.recv"
+    return "main thread blocked in dist.recv (gloo)"
 
 
 def send_message(ctx):
@@ -281,8 +303,9 @@ def wait_once(ctx, how, hold_s, holder):
     spinner = Spinner()
     spinner.start()
     buf = message_buffer(ctx)
+    sync = timing.syncer(ctx)  # the buffer may be a cuda tensor: queued work finishes before the clock
     time.sleep(0.01)  # let the thread get going
-    b0, t0, c0 = spinner.batches, time.perf_counter(), time.thread_time()  # count only during the wait
+    b0, t0, c0 = spinner.batches, timing.now(sync), time.thread_time()  # count only during the wait
     got = None
     if how == "sleep":
         time.sleep(hold_s)
@@ -290,7 +313,7 @@ def wait_once(ctx, how, hold_s, holder):
         holder(int(hold_s * 1e6))
     else:
         got = wait_for_message(ctx, buf)
-    b1, waited, cpu = spinner.batches, time.perf_counter() - t0, time.thread_time() - c0
+    b1, waited, cpu = spinner.batches, timing.now(sync) - t0, time.thread_time() - c0
     spinner.stop.set()
     spinner.join()
     return (b1 - b0) / waited, round(waited * 1e3, 1), round(cpu * 1e3, 1), got
@@ -301,12 +324,11 @@ def keep_computing(ctx, hold_s, repeat):
     the best of `repeat` turns for each (the least disturbed by other work on the machine)."""
     holder = gil_holding_sleep()
     waits = [("solo: main thread idle in time.sleep", "sleep", False),
-             ("main thread blocked in Recv" if ctx.api == "mpi4py" else "main thread in dist.recv",
-              "recv", True),
+             (recv_label(ctx), "recv", True),
              ("main thread in a C call that keeps the GIL", "hold", False)]
     waits = [w for w in waits if not (w[2] and ctx.world_size < 2)]  # a message needs a second rank
     waits = [w for w in waits if not (w[1] == "hold" and holder is None)]
-    best = {}
+    best, cpus = {}, {}  # cpu: every turn's, as a polling wait burns more in some turns than others
     for _ in range(repeat):
         for label, how, needs_peer in waits:  # every rank walks the same list: barriers stay matched
             quiet_barrier(ctx.comm)
@@ -315,6 +337,7 @@ def keep_computing(ctx, hold_s, repeat):
                 send_message(ctx)
             if ctx.rank == 0:
                 turn = wait_once(ctx, how, hold_s, holder)
+                cpus.setdefault(how, []).append(turn[2])
                 if how not in best or turn[0] > best[how][0]:
                     best[how] = turn
     if ctx.rank != 0:
@@ -322,8 +345,10 @@ def keep_computing(ctx, hold_s, repeat):
     solo = best["sleep"][0]
     got = {f"{how}_fraction": round(ratio(best[how][0], solo), 3) for how in best if how != "sleep"}
     if "recv" in best:
-        got["recv_sum"] = best["recv"][3]
-    table = [(label, best[how][1], best[how][2], round(best[how][0]),
+        got.update(recv_sum=best["recv"][3], recv_waited_ms=best["recv"][1], recv_cpu_ms=max(cpus["recv"]),
+                   recv_cpu_ms_least=min(cpus["recv"]))
+    table = [(label, best[how][1], f"{min(cpus[how]):.1f}" + (f"-{max(cpus[how]):.1f}" if repeat > 1 else ""),
+              round(best[how][0]),
               round(ratio(best[how][0], solo), 2)) for label, how, _ in waits]
     return got, table
 
@@ -333,8 +358,34 @@ def gains(x):
     return "gain" if x >= 1.3 else "no real gain"
 
 
-def conclusions(speed, fractions, gil_on, cores):
-    """Sentences the measured numbers support (speed: {kind_mode: x vs serial}; fractions: part 3)."""
+def wait_story(ctx, got):
+    """What part 3's receive shows: whether the compute thread kept going, and whether the waiting
+    thread slept or spun (a released GIL is not an idle core)."""
+    kept, cpu, least, waited = (got[k] for k in ("recv_fraction", "recv_cpu_ms", "recv_cpu_ms_least",
+                                                  "recv_waited_ms"))
+    where = ("in MPI Recv" if ctx.api == "mpi4py" else "in dist.recv" if ctx.transport == "gloo" else
+             "after dist.recv (on nccl it only queues the receive; the host waited in the CUDA sync that "
+             "reads the sum)")
+    if kept >= 0.6:
+        lines = [f"a compute thread kept {kept:.0%} of its speed while its rank waited {where}: the wait "
+                 "released the GIL"]
+    elif kept > 0.4:
+        lines = [f"a compute thread kept {kept:.0%} of its speed while its rank waited {where}: the GIL "
+                 "was released, but the thread did not get a core to itself"]
+    else:
+        lines = [f"a compute thread kept only {kept:.0%} of its speed while its rank waited {where}: this "
+                 "wait held the GIL, or left the thread no core"]
+    if waited > 0 and cpu / waited > 0.5:
+        lines.append(f"yet the waiting thread was not always idle: in one turn it used {cpu:.0f} ms of cpu "
+                     f"in about {waited:.0f} ms (it polled rather than slept; least {least:.0f} ms). A released "
+                     "GIL is not a free core: where no core is spare, polling takes cpu from the other threads")
+    else:
+        lines.append(f"and the waiting thread used little cpu: at most {cpu:.0f} ms in about {waited:.0f} ms")
+    return lines
+
+
+def conclusions(ctx, speed, got, gil_on, cores):
+    """Sentences the measured numbers support (speed: {kind_mode: x vs serial}; got: part 3)."""
     cpu_t, cpu_p, ranks = speed["cpu_threads"], speed["cpu_processes"], speed["cpu_ranks"]
     want = "no real gain" if gil_on else "gain"
     lines = [f"pure-Python threads: {cpu_t:.2f}x ({gains(cpu_t)}); with the GIL "
@@ -343,25 +394,33 @@ def conclusions(speed, fractions, gil_on, cores):
     busy = "" if min(cpu_p, ranks) >= 1.3 or cores < 2 else ": less than the cores allow, is the machine busy?"
     lines.append(f"processes: {cpu_p:.2f}x, MPI ranks: {ranks:.2f}x on {cores} usable core(s): each "
                  f"has its own interpreter and GIL{busy}")
-    lines.append(f"NumPy threads: {speed['numpy_threads']:.2f}x ({gains(speed['numpy_threads'])}): "
-                 "its loops run in C with the GIL released")
-    lines.append(f"waits in threads: {speed['wait_threads']:.2f}x: a sleeping thread holds no GIL, "
-                 "so waits overlap whatever the GIL does")
-    if "recv_fraction" in fractions:
-        lines.append(f"a compute thread kept {fractions['recv_fraction']:.0%} of its speed while its rank "
-                     "waited for a message: the library released the GIL")
-    if "hold_fraction" in fractions:
-        lines.append(f"and {fractions['hold_fraction']:.0%} while a C call held the GIL: a comm library "
-                     "that did not release it would freeze every other thread of the rank")
+    lines.append(f"NumPy threads: {speed['numpy_threads']:.2f}x ({gains(speed['numpy_threads'])})" +
+                 (": its loops run in C with the GIL released" if speed["numpy_threads"] >= 1.3 else
+                  ": NumPy releases the GIL in its loops, but this run shows no gain from it"))
+    lines.append(f"waits in threads: {speed['wait_threads']:.2f}x" +
+                 (": a sleeping thread holds no GIL, so waits overlap whatever the GIL does"
+                  if speed["wait_threads"] >= 1.3 else ": the waits did not overlap here, a noisy run?"))
+    if "recv_fraction" in got:
+        lines += wait_story(ctx, got)
+    if "hold_fraction" in got:
+        lines.append(f"a C call that kept the GIL left the compute thread {got['hold_fraction']:.0%} of its "
+                     "speed" + (": a comm library that held the GIL while waiting would freeze every other "
+                                "thread of the rank" if got["hold_fraction"] < 0.4 else
+                                ", not the freeze the GIL predicts: a noisy run?"))
     if gil_on and cpu_t < 1.3:
         shown = "as the process column shows" if max(cpu_p, ranks) >= 1.3 else \
             "which this run's busy cores hide, but the thread column still shows the GIL"
         lines.append("so PyTorch's DistributedDataParallel runs one process per GPU, not one thread: the "
-                     "Python half of each step (autograd, hooks, data loading) would queue for one GIL, "
-                     f"while processes run it side by side ({shown})")
-    lines.append("and communication libraries release the GIL while they wait, so a rank's other threads "
-                 "(data loaders, DDP's gradient hooks) keep working meanwhile")
+                     "Python a step runs (the forward's module calls, the loss, the optimizer's update, the "
+                     "loop) holds the GIL, so threads would take turns on it while processes run side by "
+                     f"side ({shown}). Not backward (autograd's engine is C++), nor data loading "
+                     "(DataLoader's workers are processes)")
     return lines
+
+
+def wrapped(text, indent=""):
+    """text within WIDTH columns, continuation lines indented two more than `indent`."""
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
 def main():
@@ -386,28 +445,28 @@ def main():
     report.section(ctx, f"0. the interpreter: {text}; {cores} usable core(s) on rank 0")
     if ctx.rank == 0:
         if hasattr(os, "getloadavg") and os.getloadavg()[0] > cores:  # more runnable work than cores
-            print(f"the machine is busy (load average {os.getloadavg()[0]:.1f} on {cores} cores): other "
-                  "work competes for the cores, so the speedups will be lower and noisier")
+            print(wrapped(f"the machine is busy (load average {os.getloadavg()[0]:.1f} on {cores} cores): "
+                          "other work competes for the cores, so the speedups will be lower and noisier"))
         if gil_on:
-            print("with the GIL on, only one thread runs Python bytecode at a time: expect the "
-                  "pure-Python thread column near 1x")
+            print(wrapped("with the GIL on, only one thread runs Python bytecode at a time: expect the "
+                          "pure-Python thread column near 1x"))
         else:
-            print("the GIL is OFF: threads run Python in parallel, so the pure-Python thread column is "
-                  "expected to scale like the process column")
+            print(wrapped("the GIL is OFF: threads run Python in parallel, so the pure-Python thread column "
+                          "is expected to scale like the process column"))
 
     report.section(ctx, f"1. the same work serially, with {workers} threads, with {workers} processes "
                         f"(rank 0; best of {args.repeat})")
     summary, speed = {}, {}
     if ctx.rank == 0:
-        t0 = time.perf_counter()
+        t0 = timing.now(timing.HOST)
         spawn = get_context("spawn")  # fresh interpreters: no copy of this rank's MPI or threads
         procs = ProcessPoolExecutor(workers, mp_context=spawn, initializer=join_pool,
                                     initargs=(spawn.Barrier(workers), os.getpid()))
         try:
             pids = set(procs.map(whoami, range(workers)))  # start them all now, outside the timings
-            started = time.perf_counter() - t0
-            print(f"started {len(pids)} worker processes in {started * 1e3:.0f} ms (not in the timings); "
-                  "each in its own session, as mpiexec starts ranks" + autogroup_note())
+            started = timing.now(timing.HOST) - t0
+            print(wrapped(f"started {len(pids)} worker processes in {started * 1e3:.0f} ms (not in the "
+                          "timings); each in its own session, as mpiexec starts ranks" + autogroup_note()))
             cut = [split_range(args.loop, workers, i) for i in range(workers)]
             np_cut = [split_range(args.numpy_count, workers, i) for i in range(workers)]
             kinds = [("cpu", cpu_task, cut), ("numpy", numpy_task, np_cut),
@@ -428,28 +487,27 @@ def main():
                          round(modes["processes"][0] * 1e3, 1), round(speed[f"{kind}_threads"], 2),
                          round(speed[f"{kind}_processes"], 2)])
         summary["cpu_threads_cores"] = round(timed["cpu"]["threads"][2], 3)
-        print(f"pure-Python threads kept {summary['cpu_threads_cores']:.2f} cores busy, serial "
-              f"{timed['cpu']['serial'][2]:.2f} (cpu seconds per wall second of rank 0; the GIL caps "
-              "threads at 1 however many cores are free)")
+        print(wrapped(f"pure-Python threads kept {summary['cpu_threads_cores']:.2f} cores busy, serial "
+                      f"{timed['cpu']['serial'][2]:.2f} (cpu seconds per wall second of rank 0; the GIL caps "
+                      "threads at 1 however many cores are free)"))
+        serial = timed["cpu"]["serial"][0]  # the one serial time every speedup of the loop is measured against
     quiet_barrier(ctx.comm)  # the other ranks sleep here instead of spinning on a core
 
     report.section(ctx, f"2. the pure-Python loop split across the {n} MPI rank(s) "
                         f"(best of {args.repeat}, barrier to all-reduce)")
-    best, serial = float("inf"), float("inf")
-    for _ in range(args.repeat):  # serial on rank 0 and the split take turns, as in part 1
-        if ctx.rank == 0:
-            t0 = time.perf_counter()
-            cpu_task((0, args.loop))
-            serial = min(serial, time.perf_counter() - t0)
+    sync, best = timing.syncer(ctx), float("inf")
+    for _ in range(args.repeat):
         quiet_barrier(ctx.comm)
-        t0 = time.perf_counter()
+        LOOPED[0] = 0  # cpu_task counts the items it loops over from here
+        t0 = timing.now(sync)
         (lo, hi), whole = sum_over_ranks(ctx, args.loop)
-        best = min(best, time.perf_counter() - t0)
-    report.say(ctx, f"pid {os.getpid()}  my part [{lo}, {hi})  sum of all parts {whole}")
+        best = min(best, timing.now(sync) - t0)
+        looped = LOOPED[0]
+    report.say(ctx, f"pid {os.getpid()}  my part [{lo}, {hi})  looped over {looped}  all parts' sum {whole}")
     if ctx.rank == 0:
         speed["cpu_ranks"] = ratio(serial, best)
         summary["cpu_time_ranks"] = round(best, 4)
-        print(f"serial on rank 0: {serial * 1e3:.1f} ms, split across {n} rank(s): {best * 1e3:.1f} ms "
+        print(f"serial (part 1): {serial * 1e3:.1f} ms, split across {n} rank(s): {best * 1e3:.1f} ms "
               f"-> {speed['cpu_ranks']:.2f}x")
         rows[0].append(round(best * 1e3, 1))
         rows[0].append(round(speed["cpu_ranks"], 2))
@@ -464,21 +522,20 @@ def main():
             print("(with 1 rank there is no one to send a message: the Recv rows need NP >= 2)")
         print(report.table(["main thread", "waited ms", "its cpu ms", "thread batches/s", "of solo"],
                            wait_rows, align=[False, True, True, True, True]))
-        print("the compute thread keeps its speed only when the wait releases the GIL; 'its cpu ms' "
-              "shows how much cpu the waiting thread itself burned (a polling wait shows up here)")
+        print(wrapped("the compute thread keeps its speed only when the wait releases the GIL; 'its cpu ms' "
+                      "is the cpu the waiting thread itself used (a polling wait shows up here)"))
         summary.update(got)
 
-    report.section(ctx, f"4. speedups vs serial ({workers} workers, {n} rank(s), "
-                        f"{cores} usable core(s), {text})")
+    report.section(ctx, f"4. speedups vs serial ({workers} workers, {n} rank(s), {cores} usable core(s))")
     if ctx.rank == 0:
         print(report.table(["work", "serial ms", "threads ms", "procs ms", "threads x", "procs x",
                             "ranks ms", "ranks x"], rows,
                            align=[False, True, True, True, True, True, True, True]))
-        for line in conclusions(speed, got, gil_on, cores):
-            print("* " + line)
+        for line in conclusions(ctx, speed, got, gil_on, cores):
+            print(wrapped("* " + line))
         summary.update({f"{k}_speedup": round(v, 3) for k, v in speed.items()})
 
-    report.finish(ctx, {"lo": lo, "hi": hi, "ranks_sum": whole}, summary=summary)
+    report.finish(ctx, {"lo": lo, "hi": hi, "looped": looped, "ranks_sum": whole}, summary=summary)
 
 
 if __name__ == "__main__":
