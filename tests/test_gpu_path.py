@@ -107,3 +107,46 @@ def test_now_waits_for_the_device_before_reading_the_clock(monkeypatch):
     monkeypatch.setattr(timing.time, "perf_counter", lambda: events.append("clock") or 1.0)
     timing.now(lambda: events.append("sync"))
     assert events == ["sync", "clock"]
+
+
+# ---- choosing the GPU, under the GPU double ----------------------------------------------------
+
+MPIEXEC = os.path.join(ROOT, ".venv", "bin", "mpiexec")
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
+HELLO = os.path.join(ROOT, "lessons", "00_hello.py")
+
+
+@pytest.fixture(scope="module")
+def double(tmp_path_factory):
+    from gpu_double import env
+    return {**os.environ, **env(str(tmp_path_factory.mktemp("gpu_double")))}
+
+
+def hello(env, *per_rank, device="gpu"):
+    """Lesson 00 at one rank per entry of per_rank: each rank's own extra environment (hydra's MPMD
+    form, as srun --gpus-per-task gives each rank its own CUDA_VISIBLE_DEVICES)."""
+    cmd = [MPIEXEC]
+    for i, extra in enumerate(per_rank):
+        cmd += ([":"] if i else []) + ["-n", "1"] + [a for k, v in extra.items() for a in ("-env", k, v)]
+        cmd += [PYTHON, "-m", "mpi4py", HELLO, "--device", device]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+
+
+def test_each_rank_driving_its_own_visible_gpu_runs_on_nccl(double):
+    """Every rank sees exactly one GPU (its device 0), each a different physical one: that is a GPU run."""
+    proc = hello(double, {"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "5"})
+    assert proc.returncode == 0 and "nccl" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_two_ranks_seeing_one_gpu_are_refused(double):
+    proc = hello(double, {"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "2"})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "00_hello: --device gpu: no usable GPU: 2 ranks on this node but 1 GPU(s): ranks 0 and 1 would "
+        "share one, and NCCL needs one GPU per rank (lower NP or use --device cpu)"], proc.stderr
+
+
+def test_auto_says_once_why_it_chose_the_cpu_although_gpus_were_seen(double):
+    proc = hello(double, {"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "2"}, device="auto")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note: GPUs were seen")]
+    assert len(notes) == 1 and "but --device auto runs this on the CPU: 2 ranks" in notes[0], proc.stdout
