@@ -7,11 +7,16 @@ The idea:
     divide by N the pieces differ in size (MPI: Scatterv with counts and displacements; torch and
     NCCL: pad every piece to the largest, or pair sends with receives);
   * gather is the inverse: piece r comes back to position r of the root's array;
-  * if each rank needs only its slice, broadcast-then-slice moves N times more data than scatter and
-    makes every rank hold the whole array for a moment. Section 3 measures both.
+  * if each rank needs only its slice, broadcast-then-slice makes every non-root receive the whole
+    array instead of its 1/N, so N times the bytes cross the wire, and every rank holds the whole
+    array for a moment. Section 3 does both by hand with point-to-point calls (a binomial-tree
+    broadcast, a scatter in which the root sends each piece), counts the bytes each rank sends and
+    receives as it sends them, and times them beside the library's own broadcast and scatter.
 
-What to watch for: the root's values arriving on every rank (sections 1-2), the per-rank table of
-bytes received and peak bytes held (section 3: about 1 vs 1/N of the array), and the time ratio.
+What to watch for: the root's values arriving on every rank (sections 1-2); in section 3, the
+per-rank table of bytes sent, received and peak bytes held (about the whole array vs 1/N of it),
+the total on the wire, and the time ratio, which is smaller than the byte ratio when the tree's
+ranks send at the same time (measured: the lesson says what it saw).
 With 1 rank every collective is a local copy: the root is the only rank and owns every piece.
 
 Run it:
@@ -20,18 +25,17 @@ Run it:
 """
 import os
 import sys
-import time
 import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, buffers, report  # noqa: E402
-from common.shards import chunk_bounds, counts_displs  # noqa: E402
+from common import bootstrap, buffers, p2p, report, timing  # noqa: E402
+from common.shards import chunk_bounds  # noqa: E402
 
 COUNT = 10          # items in the broadcast and the uneven scatter (10 over 4 ranks: 3, 3, 2, 2)
 CHUNK = 4           # items per rank in the equal scatter
-BIG = 1 << 22       # float32 items in the broadcast-then-slice vs scatter comparison (16 MB)
+BIG = 1 << 22       # float32 items in the broadcast-then-slice vs scatter comparison (16.8 MB)
 REPS = 5            # timed repetitions of each; the median is reported
 TAG = 1000          # root r's broadcast data is TAG*r + 0, 1, 2 ...: the values name their sender
 
@@ -80,16 +84,24 @@ def scatter_equal(ctx, full, recv, root):
         ctx.comm.Scatter(full if ctx.rank == root else None, recv, root=root)
 
 
-def scatter_uneven(ctx, full, count, dtype, root):
-    """Rank r gets its near-equal share of the root's `full` (count items in all).
-
-    Returns (my piece, the receive buffer the collective filled): they differ where pieces are padded."""
-    n = ctx.world_size
+def shard_sizes(count, n):
+    """(counts, displs): how many of `count` items each of n ranks gets, and where its piece starts.
+    The kit's convention (as numpy.array_split and torch.tensor_split): the first count % n ranks
+    get one item more."""
     # >>> exercise: shard_sizes
     base, extra = divmod(count, n)
     counts = [base + (1 if r < extra else 0) for r in range(n)]  # the first count % n ranks: one more
     displs = [sum(counts[:r]) for r in range(n)]                  # piece r starts where r-1 ended
     # <<< exercise: shard_sizes
+    return counts, displs
+
+
+def scatter_uneven(ctx, full, count, dtype, root):
+    """Rank r gets its near-equal share of the root's `full` (count items in all).
+
+    Returns (my piece, the receive buffer the collective filled): they differ where pieces are padded."""
+    n = ctx.world_size
+    counts, displs = shard_sizes(count, n)
     mine = counts[ctx.rank]
     if ctx.api == "torch":
         import torch.distributed as dist
@@ -120,10 +132,11 @@ def scatter_uneven(ctx, full, count, dtype, root):
 def gather_uneven(ctx, piece, count, dtype, root):
     """The inverse of scatter_uneven: the root gets every rank's piece in rank order; others None."""
     n = ctx.world_size
-    bounds = chunk_bounds(count, n)
+    counts, displs = shard_sizes(count, n)
+    bounds = [(d, d + c) for c, d in zip(counts, displs)]
     if ctx.api == "torch":
         import torch.distributed as dist
-        width = -(-count // n)
+        width = max(counts)
         padded = buffers.empty(ctx, width, dtype)
         padded[:len(piece)] = piece
         parts = [buffers.empty(ctx, width, dtype) for _ in range(n)] if ctx.rank == root else None
@@ -142,7 +155,6 @@ def gather_uneven(ctx, piece, count, dtype, root):
         nccl_pairs(ctx, [(root, piece)] if ctx.rank != root and len(piece) else [], recvs)
         return out
     from mpi4py.util.dtlib import from_numpy_dtype
-    counts, displs = counts_displs(count, n)
     out = np.empty(count, dtype=dtype) if ctx.rank == root else None
     recv = [out, counts, displs, from_numpy_dtype(dtype)] if ctx.rank == root else None
     ctx.comm.Gatherv(piece, recv, root=root)
@@ -186,23 +198,77 @@ class PeakBytes:
         return self.peak
 
 
-def bcast_then_slice(ctx, data, big, root, meter):
-    """Everyone receives the whole array, keeps its slice: (my slice, bytes received)."""
+class Wire:
+    """The payload bytes this rank's schedule sends and receives, counted as each call is made (what
+    crosses the wire, headers aside), around common.p2p's group of sends and receives."""
+
+    def __init__(self, ctx):
+        self.be, self.sent, self.received = p2p.backend(ctx), 0, 0
+
+    def group(self, sends, recvs):
+        self.sent += sum(buffers.nbytes(b) for b, _ in sends)
+        self.received += sum(buffers.nbytes(b) for b, _ in recvs)
+        self.be.group(sends, recvs)
+
+
+def tree_broadcast(ctx, wire, buf, root):
+    """Binomial tree: in the round of `step`, every rank that holds the data sends it `step` ranks on,
+    so the number of holders doubles each round and log2(N) rounds reach everyone."""
+    n = ctx.world_size
+    v = (ctx.rank - root) % n  # my distance from the root
+    step = 1
+    while step < n:
+        if v < step and v + step < n:
+            wire.group([(buf, (ctx.rank + step) % n)], [])
+        elif step <= v < 2 * step:
+            wire.group([], [(buf, (ctx.rank - step) % n)])
+        step *= 2
+
+
+def bcast_then_slice(ctx, wire, data, big, root, meter):
+    """Everyone receives the whole array down the tree, then keeps its slice."""
+    counts, displs = shard_sizes(big, ctx.world_size)
+    full = data if ctx.rank == root else buffers.empty(ctx, big, np.float32)
+    tree_broadcast(ctx, wire, full, root)
+    a = displs[ctx.rank]
+    mine = buffers.empty(ctx, counts[ctx.rank], np.float32)
+    mine[:] = full[a:a + counts[ctx.rank]]  # a copy, so the full array could be freed; until then both are held
+    meter.sample()
+    return mine
+
+
+def scatter_by_hand(ctx, wire, data, big, root, meter):
+    """The root sends piece r to rank r; every other rank receives only its own piece."""
+    counts, displs = shard_sizes(big, ctx.world_size)
+    mine = buffers.empty(ctx, counts[ctx.rank], np.float32)
+    if ctx.rank == root:
+        mine[:] = data[displs[root]:displs[root] + counts[root]]  # the root's own piece stays local
+        wire.group([(data[d:d + c], r) for r, (c, d) in enumerate(zip(counts, displs)) if r != root], [])
+    else:
+        wire.group([], [(mine, root)])
+    meter.sample()
+    return mine
+
+
+def library_bcast_then_slice(ctx, data, big, root):
+    counts, displs = shard_sizes(big, ctx.world_size)
     full = data if ctx.rank == root else buffers.empty(ctx, big, np.float32)
     broadcast(ctx, full, root)
-    meter.sample()
-    a, b = chunk_bounds(big, ctx.world_size)[ctx.rank]
-    mine = buffers.empty(ctx, b - a, np.float32)
-    mine[:] = full[a:b]  # a copy, so the full array could be freed; until then both are held
-    meter.sample()
-    return mine, 0 if ctx.rank == root else full.nbytes
+    mine = buffers.empty(ctx, counts[ctx.rank], np.float32)
+    mine[:] = full[displs[ctx.rank]:displs[ctx.rank] + counts[ctx.rank]]
+    return mine
 
 
-def scatter_only(ctx, data, big, root, meter):
-    """Each rank receives only its slice: (my slice, bytes received)."""
-    mine, recv = scatter_uneven(ctx, data, big, np.float32, root)
-    meter.sample()
-    return mine, 0 if ctx.rank == root else recv.nbytes  # torch's recv is padded to the largest piece
+def median_time(ctx, reps, run):
+    """Median seconds of `reps` runs, each started together and read after the GPU finished."""
+    sync = timing.syncer(ctx)
+    times = []
+    for _ in range(reps):
+        ctx.comm.Barrier()  # start together, so one rank's lateness is not counted as the method's
+        t0 = timing.now(sync)
+        run()
+        times.append(timing.now(sync) - t0)  # sync: a GPU call returns once queued, not done
+    return float(np.median(times))
 
 
 def main():
@@ -241,8 +307,8 @@ def main():
     assert np.array_equal(got_a, want_a) and np.array_equal(got_b, want_b), "a broadcast went wrong"
 
     c = args.chunk
-    report.section(ctx, f"2. scatter from rank {root}: {c} items each, then {count} items unevenly "
-                   f"({counts_displs(count, n)[0]}), then gather them back")
+    report.section(ctx, f"2. scatter from rank {root}: {c} items each, then {count} unevenly "
+                   f"({shard_sizes(count, n)[0]}), gather them back")
     full = np.arange(n * c, dtype=np.float64) if rank == root else None
     piece = buffers.empty(ctx, c, np.float64)
     scatter_equal(ctx, buffers.on_device(ctx, full) if rank == root else None, piece, root)
@@ -255,7 +321,10 @@ def main():
     lo, hi = chunk_bounds(count, n)[rank]
     report.say(ctx, f"equal piece {piece}   uneven piece {upiece} (items {lo}..{hi - 1})")
     assert np.array_equal(piece, np.arange(rank * c, (rank + 1) * c)), "equal scatter: wrong piece"
-    assert np.array_equal(upiece, np.arange(lo, hi)), "uneven scatter: wrong piece"
+    assert np.array_equal(upiece, np.arange(lo, hi)), (
+        f"uneven scatter: wrong piece: rank {rank} got {upiece.size} items {upiece[:3]}..., want items "
+        f"{lo}..{hi - 1}: each rank gets count // N, the first count % N one more, each piece starting "
+        "where the one before ended")
     gathered = buffers.to_host(back) if rank == root else np.zeros(0)
     if rank == root:
         report_line = f"gathered back on rank {root}: {gathered}"
@@ -267,60 +336,79 @@ def main():
     big = args.big
     report.section(ctx, f"3. each rank needs 1/{n} of a {4 * big / 1e6:.1f} MB float32 array: "
                    "broadcast-then-slice vs scatter")
+    if rank == 0:
+        print("by hand, with point-to-point calls whose bytes are counted as they are sent: a binomial-"
+              "tree\nbroadcast, then each rank keeps its slice; a scatter in which the root sends piece "
+              "r to rank r", flush=True)
     data = buffers.on_device(ctx, np.arange(big, dtype=np.float32)) if rank == root else None
     a, b = chunk_bounds(big, n)[rank]
+    want = np.arange(a, b, dtype=np.float32)
     results = {}
-    for name, way in (("bcast_slice", bcast_then_slice), ("scatter", scatter_only)):
-        meter = PeakBytes(ctx)
-        meter.start()  # one untimed pass measures memory; tracing would slow the timed ones
-        mine, received = way(ctx, data, big, root, meter)
+    for name, way in (("bcast+slice", bcast_then_slice), ("scatter", scatter_by_hand)):
+        meter, wire = PeakBytes(ctx), Wire(ctx)
+        meter.start()  # one untimed, counted pass measures memory and bytes; tracing would slow the rest
+        mine = way(ctx, wire, data, big, root, meter)
+        wire.be.sync()  # nccl is asynchronous: wait before the host reads `mine`
+        mine = buffers.to_host(mine)
         peak = meter.stop()
-        err = float(np.max(np.abs(buffers.to_host(mine) - np.arange(a, b, dtype=np.float32)), initial=0))
-        times = []
-        for _ in range(args.reps):
-            ctx.comm.Barrier()  # start together, so one rank's lateness is not counted as the method's
-            t0 = time.perf_counter()
-            way(ctx, data, big, root, meter)
-            times.append(time.perf_counter() - t0)
-        results[name] = {"recv_B": received, "peak_B": peak, "err": err,
-                         "time_us": 1e6 * float(np.median(times))}
-    bs, sc = results["bcast_slice"], results["scatter"]
-    rows = ctx.comm.gather((rank, bs, sc), root=0)  # one table, rank by rank, printed by rank 0
+        err = float(np.max(np.abs(mine - want), initial=0)) if mine.size == want.size else float("inf")
+        assert ctx.comm.allreduce(wire.sent) == ctx.comm.allreduce(wire.received), \
+            f"{name}: the bytes sent and the bytes received by all ranks differ"
+        secs = median_time(ctx, args.reps, lambda: way(ctx, Wire(ctx), data, big, root, meter))
+        results[name] = {"sent_B": wire.sent, "recv_B": wire.received, "peak_B": peak, "err": err,
+                         "time_us": 1e6 * secs}
+    library_us = {"bcast+slice": 1e6 * median_time(
+                      ctx, args.reps, lambda: library_bcast_then_slice(ctx, data, big, root)),
+                  "scatter": 1e6 * median_time(
+                      ctx, args.reps, lambda: scatter_uneven(ctx, data, big, np.float32, root))}
+    everyone = ctx.comm.allgather(results)  # one table, rank by rank, printed by rank 0
+    wire_B = {m: sum(r[m]["recv_B"] for r in everyone) for m in results}
+    hand_us = {m: max(r[m]["time_us"] for r in everyone) for m in results}  # ends when its last rank does
+    lib_us = {m: max(ctx.comm.allgather(t)) for m, t in library_us.items()}
     if rank == 0:
         print(report.table(
-            ["rank", "method", "recv B", "peak held B", "time us", "max err"],
-            [(r, m, d["recv_B"], d["peak_B"], round(d["time_us"], 1), d["err"])
-             for r, b_, s_ in rows for m, d in (("bcast+slice", b_), ("scatter", s_))],
-            align=[True, False, True, True, True, True]))
-        others = [(b_, s_) for r, b_, s_ in rows if r != root]
-        if others:
-            recv_ratio = max(s_["recv_B"] / b_["recv_B"] for b_, s_ in others)
-            peak_ratio = max(s_["peak_B"] / b_["peak_B"] for b_, s_ in others)
-            print(f"non-root ranks, scatter / bcast+slice: bytes received {recv_ratio:.3f} (1/N = "
-                  f"{1 / n:.3f}), peak held {peak_ratio:.3f} (1/(N+1) = {1 / (n + 1):.3f}: bcast+slice "
-                  "holds the whole array plus the copy of its slice). The root is the source and "
-                  "holds the whole array either way.", flush=True)
+            ["rank", "method", "sent B", "received B", "peak held B", "time us", "max err"],
+            [(r, m, d["sent_B"], d["recv_B"], d["peak_B"], round(d["time_us"], 1), d["err"])
+             for r, res in enumerate(everyone) for m, d in res.items()],
+            align=[True, False, True, True, True, True, True]))
+        if n == 1:
+            print("1 rank: the root is the only rank, nothing crosses the wire; both ways are a local slice")
         else:
-            print("1 rank: the root is the only rank, nothing travels; both ways are a local slice")
-    times = ctx.comm.allgather((bs["time_us"], sc["time_us"]))
-    slowest = [max(t[i] for t in times) for i in (0, 1)]  # a collective ends when its last rank does
-    if rank == 0:
-        print(f"slowest rank: bcast+slice {slowest[0]:.0f} us, scatter {slowest[1]:.0f} us, "
-              f"scatter/bcast time {slowest[1] / slowest[0]:.2f} (measured in this run, not checked: "
-              "a loaded machine moves it)", flush=True)
+            byte_gap = wire_B["bcast+slice"] / max(1, wire_B["scatter"])
+            time_gap = hand_us["bcast+slice"] / hand_us["scatter"]
+            senders = sum(r["bcast+slice"]["sent_B"] > 0 for r in everyone)
+            print(f"on the wire, all ranks: bcast+slice {wire_B['bcast+slice']} B = (N-1) x the array, "
+                  f"scatter {wire_B['scatter']} B = the\narray less the root's piece: {byte_gap:.2f}x "
+                  f"(N = {n}). A broadcast by any algorithm must bring every non-root\nthe whole "
+                  "array; a scatter brings it its piece.")
+            print(f"time, slowest rank, median of {args.reps}: by hand bcast+slice {hand_us['bcast+slice']:.0f} us, "
+                  f"scatter {hand_us['scatter']:.0f} us ({time_gap:.2f}x);\nthe library's broadcast + "
+                  f"slice {lib_us['bcast+slice']:.0f} us, its scatter {lib_us['scatter']:.0f} us "
+                  f"({lib_us['bcast+slice'] / lib_us['scatter']:.2f}x).")
+            if time_gap < byte_gap and senders > 1:
+                print(f"the time gap is below the byte gap: the tree's bytes leave {senders} ranks, "
+                      "several at once in its\nlater rounds, while the scatter's all leave the root.")
+            else:
+                print(f"in this run the time gap ({time_gap:.2f}x) is {'' if time_gap < byte_gap else 'not '}"
+                      f"below the byte gap ({byte_gap:.2f}x); {senders} rank(s) sent in the tree.")
+        print("(times are measured in this run and not checked: a loaded machine moves them)", flush=True)
 
+    bs, sc = results["bcast+slice"], results["scatter"]
     report.finish(ctx, {
         "bcast_a_sum": float(got_a.sum()), "bcast_b_sum": float(got_b.sum()),
         "scatter_sum": float(piece.sum()), "scatter_first": float(piece[0]) if c else -1.0,
         "scatterv_n": int(upiece.size), "scatterv_sum": float(upiece.sum()),
         "gather_wsum": float((np.arange(gathered.size) * gathered).sum()),
         "gather_n": int(gathered.size),
-        "bcast_recv_B": bs["recv_B"], "scatter_recv_B": sc["recv_B"],
+        "bcast_sent_B": bs["sent_B"], "bcast_recv_B": bs["recv_B"],
+        "scatter_sent_B": sc["sent_B"], "scatter_recv_B": sc["recv_B"],
         "bcast_peak_B": bs["peak_B"], "scatter_peak_B": sc["peak_B"],
         "big_max_err": max(bs["err"], sc["err"]),
         "bcast_us": bs["time_us"], "scatter_us": sc["time_us"]},
-        summary={"bcast_us_slowest": slowest[0], "scatter_us_slowest": slowest[1],
-                 "scatter_over_bcast_time": slowest[1] / slowest[0]})
+        summary={"bcast_wire_B": wire_B["bcast+slice"], "scatter_wire_B": wire_B["scatter"],
+                 "bcast_us_slowest": hand_us["bcast+slice"], "scatter_us_slowest": hand_us["scatter"],
+                 "library_bcast_us_slowest": lib_us["bcast+slice"],
+                 "library_scatter_us_slowest": lib_us["scatter"]})
 
 
 if __name__ == "__main__":
