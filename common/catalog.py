@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from common import expect, expr
+from common import schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,9 +26,6 @@ def lessons_dir():
     return os.environ.get("TUTOR_LESSONS") or os.path.join(ROOT, "lessons")
 
 
-KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint"}
-NP_KEYS = {"default", "min", "max", "check"}
-CHECK_KEYS = {"name", "value", "rtol", "atol", "when"} | set(expect.OPS)
 NAME = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
 
 
@@ -57,12 +54,8 @@ class Lesson:
         return self.meta.get("devices", ["cpu", "gpu"]) == ["gpu"]
 
 
-def _where(path, node):
-    return f"{os.path.relpath(path)}:{node.start_mark.line + 1}"
-
-
 def load_yaml(path):
-    """The lesson's metadata, validated; CatalogError names the file and line of the problem."""
+    """The lesson's metadata, validated (common/schema.py); CatalogError names the file and line."""
     try:
         with open(path) as f:
             text = f.read()
@@ -72,51 +65,15 @@ def load_yaml(path):
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
         raise CatalogError(f"{os.path.relpath(path)}{line}: malformed YAML: {exc.problem}") from None
-    except OSError as exc:
-        raise CatalogError(f"{path}: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise CatalogError(f"{os.path.relpath(path)}:1: expected a mapping of keys")
-    lines = {k.value: v for k, v in root.value}
-
-    def bad(key, message):
-        raise CatalogError(f"{_where(path, lines.get(key, root))}: {message}")
-    for key in data:
-        if key not in KEYS:
-            close = difflib.get_close_matches(str(key), KEYS, 1)
-            bad(key, f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    for key in ("title", "np", "apis", "timeout_s", "expect"):
-        if key not in data:
-            bad(None, f"missing key {key!r}")
-    np = data["np"]
-    if not isinstance(np, dict) or set(np) - NP_KEYS or not {"default", "min", "check"} <= set(np):
-        bad("np", "np must be {default, min, max (optional), check: [...]}")
-    if not all(isinstance(v, int) and v >= 1 for v in [np["default"], np["min"], *np["check"]]):
-        bad("np", "np values must be whole numbers >= 1")
-    if not set(data["apis"]) <= {"mpi4py", "torch"} or not data["apis"]:
-        bad("apis", "apis must list mpi4py and/or torch")
-    for item, node in zip(data["expect"] or [], lines["expect"].value):
-        where = f"{_where(path, node)}"
-        if not isinstance(item, dict) or set(item) - CHECK_KEYS:
-            raise CatalogError(f"{where}: a check takes only {sorted(CHECK_KEYS)}")
-        if "name" not in item or "value" not in item or sum(op in item for op in expect.OPS) != 1:
-            raise CatalogError(f"{where}: a check needs name, value and one of {list(expect.OPS)}")
-        for key in list(expect.OPS) + ["when"]:
-            if isinstance(item.get(key), str):
-                try:  # parse now, with every name bound to 1, so a bad expression fails on load
-                    expr.evaluate(item[key], _AnyName())
-                except expr.ExprError as exc:
-                    raise CatalogError(f"{where}: {exc}") from None
-                except (ArithmeticError, TypeError, ValueError):
-                    pass
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{os.path.relpath(path)}: malformed YAML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        schema.validate(data, root, path)
+    except schema.SchemaError as exc:
+        raise CatalogError(str(exc)) from None
     return data
-
-
-class _AnyName(dict):
-    def __contains__(self, key):
-        return True
-
-    def __getitem__(self, key):
-        return 1
 
 
 def lessons(folder=None):

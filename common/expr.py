@@ -31,6 +31,41 @@ def evaluate(text, names):
     return _eval(tree.body, names, text)
 
 
+def names_used(text):
+    """The names expression `text` reads, every branch walked (nothing is evaluated); ExprError if any
+    part of it is not plain arithmetic. The YAML loader calls it, so a bad branch fails on load."""
+    try:
+        tree = ast.parse(str(text).strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ExprError(f"cannot parse {text!r}: {exc.msg}") from None
+    found = set()
+    todo = [tree.body]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Call):
+            if not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS and not node.keywords):
+                raise ExprError(f"not plain arithmetic: {type(node).__name__} in {text!r}")
+            todo += node.args
+        elif isinstance(node, ast.Constant):
+            if not isinstance(node.value, (int, float, str, bool)):
+                raise ExprError(f"not plain arithmetic: {type(node).__name__} in {text!r}")
+        elif isinstance(node, ALLOWED):
+            todo += [c for c in ast.iter_child_nodes(node) if not isinstance(c, OPERATORS)]
+            if isinstance(node, ast.BinOp) and type(node.op) not in BINARY or \
+                    isinstance(node, ast.UnaryOp) and type(node.op) not in UNARY or \
+                    isinstance(node, ast.Compare) and any(type(op) not in COMPARE for op in node.ops):
+                raise ExprError(f"not plain arithmetic: {type(node).__name__} in {text!r}")
+        else:
+            raise ExprError(f"not plain arithmetic: {type(node).__name__} in {text!r}")
+    return found
+
+
+ALLOWED = (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp)
+OPERATORS = (ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+
+
 def _eval(node, names, text):
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool)):
         return node.value

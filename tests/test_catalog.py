@@ -41,14 +41,51 @@ def test_good_yaml_loads(tmp_path):
     assert catalog.load_yaml(write(tmp_path, GOOD))["np"]["check"] == [1, 2]
 
 
+def test_names_the_lesson_reports_are_known(tmp_path):
+    """Keys of its dicts (params, rank items), keys built by f-strings, and its flags' dests."""
+    (tmp_path / "01_x.py").write_text(textwrap.dedent("""\
+        def main(ctx, args, parser):
+            parser.add_argument("--numpy-count", type=int)
+            report.finish(ctx, {"steps": 3, **{f"has_{a}": 1 for a in "xy"}}, params={"count": 4})
+        """))
+    text = GOOD.replace("equals: np", "equals: count + steps + numpy_count + has_tree + rank")
+    assert catalog.load_yaml(write(tmp_path, text))
+    with pytest.raises(catalog.CatalogError, match="unknown name 'cout'.*did you mean 'count'"):
+        catalog.load_yaml(write(tmp_path, GOOD.replace("equals: np", "equals: cout")))
+
+
 @pytest.mark.parametrize("change, message, line", [
     (("apis: [mpi4py]", "apis: [mpi4py"), "malformed YAML", 4),
     (("timeout_s: 10", "timeout_s: 10\nnpp: 3"), "unknown key 'npp'", 5),
-    (("equals: np", "equals: __import__('os').getcwd()"), "not plain arithmetic", 6),
-    (("equals: np", "equals: np.bit_length"), "not plain arithmetic", 6),
-    (("equals: np", "between: [1, 2]"), "a check takes only", 6),
+    (("equals: np", "equals: __import__('os').getcwd()"), "not plain arithmetic", 8),
+    (("equals: np", "equals: np.bit_length"), "not plain arithmetic", 8),
+    (("equals: np", "between: [1, 2]"), "a check takes only", 8),
     (("np: {default: 2, min: 1, check: [1, 2]}", "np: 4"), "np must be", 2),
     (("title: t", "title: !!python/object/apply:os.getcwd []"), "malformed YAML", 1),
+    # limits that would switch the watchdog off, or could never hold
+    (("timeout_s: 10", "timeout_s: soon"), "timeout_s must be a number of seconds > 0", 4),
+    (("timeout_s: 10", "timeout_s: 0"), "got 0", 4),
+    (("timeout_s: 10", "timeout_s: -5"), "got -5", 4),
+    (("timeout_s: 10", "timeout_s: .nan"), "got nan", 4),
+    (("timeout_s: 10", "timeout_s: .inf"), "got inf", 4),
+    (("timeout_s: 10", "timeout_s: true"), "got True", 4),
+    (("{default: 2, min: 1, check: [1, 2]}", "{default: 4, min: 1, max: 2, check: [1, 2]}"),
+     "np default 4 is outside the lesson's range 1..2", 2),
+    (("{default: 2, min: 1, check: [1, 2]}", "{default: 2, min: 3, max: 2, check: [2]}"),
+     "np max 2 is below its min 3", 2),
+    (("{default: 2, min: 1, check: [1, 2]}", "{default: 2, min: 2, check: [1, 2]}"), "np check 1 is outside", 2),
+    (("{default: 2, min: 1, check: [1, 2]}", "\n  default: 2\n  min: 1\n  max: 2\n  check: [1, 3]"),
+     "np check 3 is outside", 6),                                     # block style: the check key's line
+    (("apis: [mpi4py]", "apis: [[mpi4py]]"), "apis must list", 3),
+    (("expect:\n  - name: c\n    value: ranks[*].x\n    equals: np", "expect: []"), "at least one check", 5),
+    # expressions: the line of the key at fault, names checked when the YAML is loaded
+    (("equals: np", "equals: nq * 2"), "unknown name 'nq' in 'nq * 2': did you mean 'np'?", 8),
+    (("equals: np", "equals: np\n    when: device == 'gpu' and rnk > 0"), "unknown name 'rnk'", 9),
+    (("equals: np", "equals: 1 if np > 0 else open('x')"), "not plain arithmetic", 8),  # untaken branch
+    (("equals: np", "equals: np\n    rtol: -0.1"), "rtol must be a number >= 0", 9),
+    (("value: ranks[*].x", "value: ranks[*.x"), "value must be a path", 7),
+    (("- name: c", "- name: [c]"), "a check's name must be text", 6),
+    (("timeout_s: 10", "timeout_s: 10\nhint: 3"), "hint must be text", 5),
 ])
 def test_bad_yaml_names_file_and_line(tmp_path, change, message, line):
     path = write(tmp_path, GOOD.replace(*change))

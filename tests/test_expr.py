@@ -42,3 +42,11 @@ def test_unknown_name_lists_the_known_ones():
 def test_syntax_error_is_an_expr_error():
     with pytest.raises(ExprError, match="cannot parse"):
         evaluate("2 *", {})
+
+
+def test_names_used_walks_every_branch_without_evaluating():
+    from common.expr import names_used
+    assert names_used("count if rank < np else max(a, 2) and not b") == {"count", "rank", "np", "a", "b"}
+    for text in ("1 if np > 0 else open('x')", "np or ().__class__", "0 and [1][0]", "2 ** np.real"):
+        with pytest.raises(ExprError, match="not plain arithmetic"):
+            names_used(text)  # evaluate() would never reach the bad branch of these
