@@ -1,13 +1,11 @@
-"""Practice: the learner's copy of a lesson (practice/, git-ignored), progress, hints, the answer.
-
-Progress is one small file, .tutor/progress.json (git-ignored), written atomically (temp + rename):
-    {"05_ring_allreduce": {"state": "in progress" | "passed", "hints": 2}}
-"""
-import json
+"""Practice: the learner's copy of a lesson (practice/, git-ignored), hints, the answer; the progress
+file behind them is common/progress.py's."""
 import os
 
+from common import files
 from common.catalog import ROOT
 from common.exercise import MARK, PracticeError, find_regions, make_stub
+from common.progress import change, load_progress, progress_path, update  # noqa: F401 (used via practice.)
 from common.report import atomic_write
 
 
@@ -28,38 +26,22 @@ def write_copy(lesson, force=False):
     if not regions:
         raise PracticeError(f"{lesson.name} has no exercise yet (no `# >>> exercise:` markers)")
     path, backup = copy_path(lesson), None
+    stub = make_stub(text, lesson.id, os.path.relpath(lesson.path))
     if os.path.exists(path):
         if not force:
             raise PracticeError(f"{os.path.relpath(path)} exists (your work): edit it, or start over with "
                                 f"`bin/tutor practice {lesson.id} --force`")
-        backup = path + ".bak"
-        os.replace(path, backup)
-    atomic_write(path, make_stub(text, lesson.id, os.path.relpath(lesson.path)))
+        with open(path) as f:
+            untouched = f.read() == stub
+        if not untouched:  # every earlier copy is kept: .bak, then .bak2, .bak3, ...
+            try:
+                backup = files.keep_aside(path, ".bak")
+            except (OSError, files.FileError) as exc:
+                raise PracticeError(f"{os.path.relpath(path)}: could not keep your copy aside "
+                                    f"({getattr(exc, 'strerror', None) or exc}); nothing was changed") from None
+    atomic_write(path, stub)
     update(lesson, state="in progress")
     return path, regions, backup
-
-
-def progress_path():
-    """.tutor/progress.json; another lessons folder ($TUTOR_LESSONS, the tests') keeps its own file."""
-    other = os.environ.get("TUTOR_LESSONS")
-    name = f"progress-{os.path.basename(os.path.normpath(other))}.json" if other else "progress.json"
-    return os.path.join(os.environ.get("TUTOR_STATE") or os.path.join(ROOT, ".tutor"), name)
-
-
-def load_progress():
-    try:
-        with open(progress_path()) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # no file yet, or damaged by hand: start afresh rather than crash
-
-
-def update(lesson, **fields):
-    data = load_progress()
-    data.setdefault(lesson.name, {}).update(fields)
-    atomic_write(progress_path(), json.dumps(data, indent=1, sort_keys=True) + "\n")
-    return data[lesson.name]
 
 
 def state(lesson):
@@ -77,9 +59,13 @@ def next_hint(lesson):
     """(hints shown so far, total): each call reveals one more, up to all of them."""
     hints = lesson.meta.get("hint") or []
     hints = [hints] if isinstance(hints, str) else list(hints)
-    shown = min(load_progress().get(lesson.name, {}).get("hints", 0) + 1, len(hints))
-    if hints:
-        update(lesson, hints=shown)
+    if not hints:
+        return [], 0
+
+    def one_more(entry):
+        seen = entry.get("hints", 0)
+        entry["hints"] = min((seen if isinstance(seen, int) else 0) + 1, len(hints))
+    shown = change(lesson, one_more)["hints"]
     return [h.rstrip() for h in hints[:shown]], len(hints)
 
 
@@ -129,8 +115,11 @@ def record(lesson, passed, full):
         update(lesson, state="passed")
         return (f"✓ {lesson.name}: your code passes every check. `bin/tutor solution {lesson.id}` shows "
                 "the reference to compare with.")
-    if state(lesson) != "passed":
-        update(lesson, state="in progress")
+
+    def at_least_in_progress(entry):  # a pass at one NP/API never undoes an earlier full pass
+        if entry.get("state") != "passed":
+            entry["state"] = "in progress"
+    change(lesson, at_least_in_progress)
     if passed:
         return (f"{lesson.name}: passed this NP/API; `bin/tutor check {lesson.id} --mine` runs them all "
                 "and marks it passed")

@@ -115,10 +115,67 @@ def test_progress_write_is_atomic(sandbox, monkeypatch):
             practice.update(lesson, state="passed")
     path = practice.progress_path()
     assert open(path).read() == before  # the old file, whole
-    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]  # no temp file left behind
-    with open(practice.progress_path(), "w") as f:
-        f.write("{half a file")
-    assert practice.load_progress() == {}  # a damaged file reads as a fresh start, not a crash
+    left = set(os.listdir(os.path.dirname(path))) - {os.path.basename(path) + ".lock"}
+    assert left == {os.path.basename(path)}  # no temp file left behind
+
+
+def test_damaged_progress_is_kept_aside_with_a_warning(sandbox, capsys):
+    lesson = catalog.resolve("01")
+    path = practice.progress_path()
+    os.makedirs(os.path.dirname(path))
+    for n, damage in enumerate(['{"01_sum": {"state": "passed", "hints": 2', '["not", "a table"]'], 1):
+        with open(path, "w") as f:
+            f.write(damage)
+        assert practice.load_progress() == {}  # a fresh start, not a crash ...
+        warning = capsys.readouterr().err
+        aside = path + ".damaged" + ("" if n == 1 else str(n))
+        assert "is damaged" in warning and os.path.basename(aside) in warning, warning
+        assert open(aside).read() == damage  # ... and the damaged file kept, never overwritten
+        assert not os.path.exists(path)
+    practice.update(lesson, state="in progress")  # carries on
+    assert practice.state(lesson) == "in progress" and capsys.readouterr().err == ""
+
+
+def _hint_many_times(times):
+    lesson = catalog.resolve("01")
+    for _ in range(times):
+        practice.next_hint(lesson)
+
+
+def test_progress_updates_are_atomic_under_a_lock(sandbox, monkeypatch):
+    """Several `hint` commands at once: each one counts (a read-modify-write without a lock loses some)."""
+    import multiprocessing
+    lessons = sandbox / "lessons"
+    lessons.mkdir()
+    (lessons / "01_sum.py").write_text(open(os.path.join(PRACTICE_FIXTURES, "01_sum.py")).read())
+    yaml_text = open(os.path.join(PRACTICE_FIXTURES, "01_sum.yaml")).read()
+    hints = ", ".join(f'"hint {i}"' for i in range(100))
+    (lessons / "01_sum.yaml").write_text(yaml_text.split("hint:")[0] + f"hint: [{hints}]\n")
+    monkeypatch.setenv("TUTOR_LESSONS", str(lessons))
+    procs, each = 4, 20
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_hint_many_times, args=(each,)) for _ in range(procs)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0] * procs
+    assert practice.load_progress()["01_sum"]["hints"] == procs * each
+
+
+def test_start_over_twice_keeps_every_earlier_copy(sandbox):
+    lesson = catalog.resolve("01")
+    path, _, _ = practice.write_copy(lesson)
+    with open(path, "a") as f:
+        f.write("# solved\n")
+    _, _, first = practice.write_copy(lesson, force=True)
+    _, _, second = practice.write_copy(lesson, force=True)  # the copy is the fresh stub: nothing to keep
+    assert second is None and open(first).read().endswith("# solved\n")
+    with open(path, "a") as f:
+        f.write("# second try\n")
+    _, _, third = practice.write_copy(lesson, force=True)
+    assert third == path + ".bak2" and open(third).read().endswith("# second try\n")
+    assert open(first).read().endswith("# solved\n")
 
 
 def test_hints_come_one_at_a_time_and_are_remembered(sandbox):
