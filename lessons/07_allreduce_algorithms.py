@@ -5,7 +5,8 @@ The idea: every all-reduce algorithm is a *schedule*: for rank r of N, a list of
 few sends (lo, hi, peer) and receives (lo, hi, peer, add|copy) on slices of the buffer. One executor
 runs any schedule (all messages of a round in flight at once, adds after the round's wait).
   * tree          binomial reduce to rank 0, then binomial broadcast: 2*ceil(lg N) rounds of the WHOLE
-                  buffer; everything goes through the root (the parameter-server shape)
+                  buffer; the root receives ceil(lg N) buffers and sends ceil(lg N) (a parameter server,
+                  a star, would receive N-1 and send N-1: the tree spreads that over lg N levels)
   * rd            recursive doubling: lg N rounds, partner = rank XOR mask, whole buffer each round
   * rabenseifner  reduce-scatter by recursive halving, all-gather by recursive doubling: 2 lg N rounds,
                   about 2(N-1)/N of the buffer sent in all
@@ -38,11 +39,14 @@ What to watch for:
     library's all-reduce on the same data, and counts rounds, messages and bytes. The runner grades the
     algorithm by closed forms (rounds, bytes per rank, bytes through the root), not only the sum.
     Before any schedule runs, every rank checks all ranks' schedules against each other (each send
-    meets a receive of the same slice in the same round): a broken one stops with one line, no hang.
+    meets a receive of the same slice in the same round): a broken one stops every rank with the
+    same error naming the round and the slices, no hang.
   * section 2 measures alpha (ping-pong rank 0 <-> 1), beta (slope of the ping-pong), gamma (dst += src)
     and prints each algorithm's predicted time beside its measured one (best of 3 interleaved batches),
-    with the reasons (measured) why the model is off where it is: too few cores, a shared memory bus,
-    the eager/rendezvous switch, a per-byte cost that changes with size, the Python cost of each round.
+    then what this run measured that the model leaves out, each only where the numbers show it: more
+    ranks than cores, links slower when every rank talks, a step in the ping-pong (on MPI often the
+    eager/rendezvous switch of lesson 01), a per-byte cost that changes with size, and the Python each
+    round costs (walking the round plus, on MPI, a library call that moves nothing).
   * section 3 builds a switch table (fastest algorithm per size) and races the tuned all-reduce against
     the library's, in the same run: lib time / tuned time >= 1 means the tuned one is at least as fast.
 
@@ -56,12 +60,13 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bandwidth, bootstrap, buffers, p2p, report, shards  # noqa: E402
+from common import bandwidth, bootstrap, buffers, p2p, report, shards, timing  # noqa: E402
 
 ALGOS = ("tree", "rd", "rabenseifner", "ring", "dbt")
 DTYPES = ("float32", "float64", "int32")
@@ -75,7 +80,8 @@ BATCHES = 3                  # timings: best of this many interleaved batches
 PING = [8, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536, 262144, 1 << 20, 4 << 20]  # ping-pong sizes, B
 SMALL = 1024                 # ping-pong sizes up to this are pure latency: alpha is the least of them
 PING_ITERS = 10              # round trips per ping-pong size at least (more with -n)
-EAGER = 4096                 # lesson 01 found MPICH's eager limit here: fit below and above it
+STEP = 3.0                   # a ping-pong jump this many times what the slope predicts is a step
+WIDTH = 100                  # printed lines wrap here
 OFF = 2.0                    # a measured/predicted ratio beyond this (or 1/this) gets its reasons
 LIBRARY = {"mpi": "MPI_Allreduce", "gloo": "gloo all_reduce", "nccl": "ncclAllReduce"}
 
@@ -420,12 +426,13 @@ class Plan:
 
 
 def checked_plan(ctx, algo, count, k, buf, dtype):
-    """This rank's Plan, once every rank's schedule is known to match (else every rank stops, one line)."""
+    """This rank's Plan, once every rank's schedule is known to match. Every rank finds the same problem
+    (mismatch is pure), so every rank stops on the same self-check error, before anything hangs."""
     n = ctx.world_size
     every = [canonical(schedule(algo, q, n, count, k)) for q in range(n)]
     problem = mismatch(every)
     if problem:
-        ctx.fail(f"the {algo} schedule does not match on count {count}: {problem}")
+        raise RuntimeError(f"the {algo} schedule does not match on count {count}: {problem}")
     return Plan(ctx, every[ctx.rank], buf, dtype)
 
 
@@ -453,10 +460,22 @@ def check_counts(ctx, args, be, model):
             if algo == "dbt":
                 item.update(k=k, depth=dbt_depth(n) if n > 1 else 0)
             results[algo].append(item)
-            rows.append((algo, count, tally["rounds"], tally["msgs"], tally["bytes_sent"], tally["bytes_recv"],
+            rows.append((algo, count, tally["rounds"], tally["msgs"], tally["bytes_sent"], item["total_sent"],
                          item["mismatches"], rel))
-    report.say(ctx, report.table(["algo", "count", "rounds", "msgs", "bytes sent", "bytes recv", "#differ",
-                                  "max rel err"], rows))
+    every = ctx.comm.gather(rows, root=0)
+    if rank == 0:  # one row per algorithm and count: the range over ranks (every rank's value is in the JSON)
+        def spread(values):
+            lo, hi = min(values), max(values)
+            return lo if lo == hi else f"{lo}-{hi}"
+        print(report.table(["algo", "count", "rounds", "msgs", "bytes sent", "all ranks sent", "#differ",
+                            "max rel err"],
+                           [(algo, count, spread([r[i][2] for r in every]), spread([r[i][3] for r in every]),
+                             spread([r[i][4] for r in every]), total, sum(r[i][6] for r in every),
+                             max(r[i][7] for r in every))
+                            for i, (algo, count, _, _, _, total, _, _) in enumerate(rows)],
+                           align=[False] + [True] * 7))
+        print("rounds, msgs, bytes sent: per rank, lowest-highest over the ranks; #differ: over all ranks",
+              flush=True)
     return results
 
 
@@ -489,15 +508,14 @@ def pingpong(ctx, be, dtype, iters):
             reps = iters if size <= 65536 else max(5, iters // 4)
             trips = []
             for i in range(reps + 2):  # two warm-up trips
-                t0 = time.perf_counter()
+                t0 = timing.now(be.sync)
                 if ctx.rank == 0:
                     be.exchange(msg, None, 1, 1)  # ping
                     be.exchange(None, msg, 1, 1)  # pong
                 elif ctx.rank == 1:
                     be.exchange(None, msg, 0, 0)
                     be.exchange(msg, None, 0, 0)
-                be.sync()
-                trips.append(time.perf_counter() - t0)
+                trips.append(timing.now(be.sync) - t0)
             half = float(np.median(trips[2:])) / 2
             best[size] = min(best.get(size, half), half)
     quiet_barrier(ctx.comm)
@@ -509,8 +527,7 @@ def measure_model(ctx, be, dtype, iters):
     n, rank = ctx.world_size, ctx.rank
     pts = pingpong(ctx, be, dtype, iters)
     alpha = min(t for b, t in pts if b <= SMALL)  # every size up to SMALL is latency-bound: each is alpha
-    lo_fit, hi_fit = fit([p for p in pts if p[0] <= EAGER]), fit([p for p in pts if p[0] >= 65536])
-    beta = hi_fit[1]  # the large-message slope
+    beta = fit([p for p in pts if p[0] >= 65536])[1]  # the large-message slope
     big = 1 << 20
     itemsize = np.dtype(dtype).itemsize
     a = buffers.on_device(ctx, np.ones(big // itemsize, dtype=dtype))
@@ -528,16 +545,39 @@ def measure_model(ctx, be, dtype, iters):
                           "big": lambda: be.exchange(x, y, right, left)}, 2, iters)
     alpha_all, t = t["one"], t["big"]
     beta_ring = max(t - alpha_all, 0.0) / (4 << 20)
-    return dict(alpha=alpha, beta=beta, gamma=gamma, alpha_all=alpha_all, beta_ring=beta_ring, pingpong=pts,
-                below=lo_fit, above=hi_fit)
+    return dict(alpha=alpha, beta=beta, gamma=gamma, alpha_all=alpha_all, beta_ring=beta_ring, pingpong=pts)
+
+
+def ping_step(pts, alpha, beta):
+    """The biggest step in the ping-pong: (from B, to B, from s, to s, the slope's +s) where the half RTT
+    jumps at least STEP times what the slope predicts and by at least alpha/2, and stays up (a step, not
+    a spike); None when there is none."""
+    best = None
+    for i in range(len(pts) - 1):
+        (s0, t0), (s1, t1) = pts[i], pts[i + 1]
+        pred = (s1 - s0) * max(beta, 0.0)
+        jump = t1 - t0
+        stays = all(t >= 0.9 * t1 for _, t in pts[i + 1:])
+        if jump >= STEP * pred and jump >= alpha / 2 and stays:
+            if best is None or jump / max(pred, 1e-15) > best[0]:
+                best = (jump / max(pred, 1e-15), (s0, s1, t0, t1, pred))
+    return best[1] if best else None
 
 
 def round_overhead(ctx, be, dtype):
-    """Seconds of Python per round: the ring on count 0 sends nothing, it only walks its rounds."""
+    """(walk, call) seconds of Python per round. walk: the executor going through a round with nothing to
+    send (the ring on count 0: every message is empty and skipped). call: one library call that moves
+    nothing (MPI: Sendrecv to MPI_PROC_NULL; not measured, 0, on the other transports)."""
     n = ctx.world_size
     plan = Plan(ctx, ring_schedule(ctx.rank, n, 0), buffers.empty(ctx, 0, dtype), dtype)
-    t = bandwidth.time_op(ctx.comm, lambda: plan.run(be), 5, 200, be.sync)
-    return t / max(2 * (n - 1), 1)
+    walk = bandwidth.time_op(ctx.comm, lambda: plan.run(be), 5, 200, be.sync) / max(2 * (n - 1), 1)
+    call = 0.0
+    if ctx.transport == "mpi":
+        from mpi4py import MPI
+        one, got = np.zeros(1, dtype=dtype), np.zeros(1, dtype=dtype)
+        call = bandwidth.time_op(ctx.comm, lambda: ctx.comm.Sendrecv(one, dest=MPI.PROC_NULL, recvbuf=got,
+                                                                     source=MPI.PROC_NULL), 5, 200, timing.HOST)
+    return walk, call
 
 
 def iterations(pick, size):
@@ -645,7 +685,7 @@ def tuned_race(ctx, args, be, pick, table, model):
 
 def gap_verdict(row, overhead):
     """Why the tuned all-reduce lost to the library at one size (a race row), as far as this run can tell:
-    by less than its own noise, by about the Python it spends walking rounds, or by something else."""
+    by less than its own noise, by about the Python it spends per round, or by something else."""
     gap = row["tuned_us"] - row["lib_us"]
     if gap <= row["noise_us"]:
         return "a tie: within this run's noise"
@@ -654,112 +694,143 @@ def gap_verdict(row, overhead):
     return "not Python: unexplained here"
 
 
-def reasons(ctx, model, overhead):
-    """Why the model misses, each with its measured number."""
+def wrapped(text, indent=""):
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ", break_on_hyphens=False)
+
+
+def reasons(ctx, model, walk, mrows, algos):
+    """What this run measured that the model leaves out, each said only where the numbers show it."""
     n, cores = ctx.world_size, len(os.sched_getaffinity(0))
-    (a_lo, b_lo), (a_hi, b_hi) = model["below"], model["above"]
     out = []
     if n > cores:
-        out.append(f"(a) {n} ranks on {cores} cores: ranks time-share the cores, every round also waits "
-                   f"for the scheduler (the model assumes a core per rank)")
-    crowd = " (and, here, too few cores: (a))" if n > cores else ""
+        out.append(f"(a) {n} ranks on {cores} cores: ranks take turns on the cores, so every round also waits "
+                   "for the scheduler (the model assumes a core per rank)")
     ratio = model["beta_ring"] / model["beta"] if model["beta"] > 0 else float("nan")
-    verdict = (f"the model assumes independent links; shared memory shares one bus{crowd}" if ratio > 1.5 else
-               f"every rank talking moved bytes {1 / ratio:.1f}x faster than the lone ping-pong: the two betas "
-               f"disagree, and a prediction is no better than the beta it uses (the table below uses this one)"
-               if ratio < 1 / 1.5 else "close: sharing the bus is not what the model misses here")
-    out.append(f"(b) beta with every rank exchanging at once (ring neighbours, 4 MiB): "
-               f"{model['beta_ring'] * 1e12:.1f} ps/B vs ping-pong {model['beta'] * 1e12:.1f} ps/B "
-               f"(x{ratio:.2f}): {verdict}")
-    pp = dict(model["pingpong"])
-    above = min((b for b in pp if b > EAGER), default=None)
-    if EAGER in pp and above:
-        out.append(f"(c) protocol switch: half RTT {pp[EAGER] * 1e6:.2f} us at {EAGER} B, {pp[above] * 1e6:.2f} us at "
-                   f"{above} B (the straight line predicts +{(above - EAGER) * model['beta'] * 1e6:.2f} us); fit "
-                   f"<= {EAGER} B: alpha {a_lo * 1e6:.2f} us, beta {b_lo * 1e12:.1f} ps/B; fit >= 64 KiB: alpha "
-                   f"{a_hi * 1e6:.2f} us, beta {b_hi * 1e12:.1f} ps/B: one line does not fit both sides")
-    rates = ", ".join(f"{bandwidth.human(b)} {b / t / 1e9:.2f}" for b, t in model["pingpong"] if b >= 65536)
-    fitted = 1e-9 / model["beta"] if model["beta"] > 0 else 0.0
-    out.append(f"(d) beta depends on size: ping-pong GB/s at {rates} (the fit: {fitted:.2f}): one slope "
-               f"cannot describe them all (the copy path and the cache change with size); where the measured "
-               f"rate is below the fit's, the model predicts too little")
-    out.append(f"(e) Python walks each round: {overhead * 1e6:.1f} us per round measured (ring on count 0); "
-               f"the model's alpha ({model['alpha'] * 1e6:.1f} us) does not include it, so many-round "
-               f"algorithms (ring, dbt) pay it 2(N-1) or k+2D-1 times")
+    head = (f"(b) beta with every rank exchanging at once (ring neighbours, 4 MiB): "
+            f"{model['beta_ring'] * 1e12:.1f} ps/B vs the lone ping-pong's {model['beta'] * 1e12:.1f} ps/B "
+            f"(x{ratio:.2f}): ")
+    if ratio > 1.5:
+        why = ("the ranks' time-sharing of the cores, (a), can explain that alone" if n > cores else
+               "with a core per rank, what they share is the node's memory system" if ctx.single_node and
+               ctx.transport in ("mpi", "gloo") else "something the links share slows them")
+        out.append(head + f"the links are not independent, as the model assumes. {why[0].upper()}{why[1:]}")
+    elif ratio < 1 / 1.5:
+        out.append(head + f"every rank talking moved bytes {1 / ratio:.1f}x faster than the lone ping-pong: the "
+                   "two betas disagree, and a prediction is no better than the beta it uses")
+    else:
+        out.append(head + "within 1.5x, so sharing the links is not what the model misses here")
+    step = ping_step(model["pingpong"], model["alpha"], model["beta"])
+    if step:
+        s0, s1, t0, t1, pred = step
+        why = {"mpi": "on MPI a step like this is often the switch from eager to rendezvous (lesson 01 "
+                      "measures where this MPI switches)",
+               "nccl": "NCCL changes protocol (LL, LL128, Simple) with size; NCCL_PROTO=Simple pins one",
+               "gloo": "this run cannot say why"}[ctx.transport]
+        out.append(f"(c) a step in the ping-pong: {t0 * 1e6:.2f} us at {s0} B, {t1 * 1e6:.2f} us at {s1} B, where "
+                   f"the slope predicts +{pred * 1e6:.2f} us: one straight line does not fit both sides; {why}")
+    rates = [(b, b / t / 1e9) for b, t in model["pingpong"] if b >= 65536 and t > 0]
+    if rates and max(r for _, r in rates) > 1.5 * min(r for _, r in rates):
+        fitted = 1e-9 / model["beta"] if model["beta"] > 0 else 0.0
+        out.append("(d) beta depends on size: ping-pong GB/s " + ", ".join(f"{bandwidth.human(b)} {r:.2f}"
+                                                                            for b, r in rates)
+                   + f" (the fit: {fitted:.2f}): one slope cannot describe them all; where the measured rate is "
+                   "below the fit's, the model predicts too little")
+    walked = [(len(schedule(a, 0, n, r["size"], r["k"])) * walk * 1e6 / r[f"{a}_us"], a, r["size"])
+              for r in mrows for a in algos if r[f"{a}_us"] > 0]  # every round is walked, empty or not
+    share = max(walked, default=(0.0, "", 0))
+    if share[0] >= 0.25:
+        out.append(f"(e) Python walks each round: {walk * 1e6:.1f} us per round, measured with nothing to send "
+                   f"(the ring on count 0), is outside alpha ({model['alpha'] * 1e6:.1f} us: one exchange, "
+                   f"Python call included); it is up to {share[0]:.0%} of a measured time ({share[1]} at "
+                   f"{share[2]} B): many-round algorithms pay it most")
     return out
 
 
-def show_model(ctx, args, model, mrows, overhead):
+def show_model(ctx, args, model, mrows, walk):
     a, b, g = model["alpha"], model["beta"], model["gamma"]
     report.section(ctx, "2. the alpha-beta model, measured on this machine")
-    print("ping-pong rank 0 <-> 1 (half round trip: median of the round trips rank 0 timed; the "
-          "other ranks sleep meanwhile):")
+    print(wrapped("ping-pong rank 0 <-> 1 (half round trip: median of the round trips rank 0 timed; the "
+                  "other ranks sleep meanwhile):"))
     print(report.table(["bytes", "half RTT us"], [(s, round(t * 1e6, 2)) for s, t in model["pingpong"]]))
-    print(f"alpha = least half RTT of the sizes <= {SMALL} B = {a * 1e6:.2f} us; beta = least-squares slope "
-          f"over >= 64 KiB = {b * 1e12:.1f} ps/B ({1e-9 / b if b > 0 else 0:.2f} GB/s); gamma = dst += src on 1 MiB, "
-          f"every rank at once = {g * 1e12:.1f} ps/B")
-    print(f"measured: best of {BATCHES} interleaved batches of time_op (slowest rank's mean); predicted: "
-          f"the formulas in the docstring with these alpha, beta, gamma (dbt: read off its schedule, k per row)")
-    hdr, body = ["size B", "dbt k"], []
-    for algo in args.algos:
-        hdr += [f"{algo} us", "pred", "meas/pred"]
+    print(wrapped(f"alpha = least half RTT of the sizes <= {SMALL} B = {a * 1e6:.2f} us; beta = least-squares "
+                  f"slope over >= 64 KiB = {b * 1e12:.1f} ps/B ({1e-9 / b if b > 0 else 0:.2f} GB/s); gamma = "
+                  f"dst += src on 1 MiB, every rank at once = {g * 1e12:.1f} ps/B"))
+    print(wrapped(f"measured: best of {BATCHES} interleaved batches of time_op (slowest rank's mean); pred: the "
+                  "docstring's formulas with these alpha, beta, gamma (dbt: read off its schedule, k per row); "
+                  f"all talking: the same with alpha and beta measured while every rank talks at once (a "
+                  f"1-element and a 4 MiB neighbour exchange: {model['alpha_all'] * 1e6:.2f} us, "
+                  f"{model['beta_ring'] * 1e12:.1f} ps/B)"))
+    body, off = [], False
     for row in mrows:
-        line = [row["size"], row["k"]]
-        for algo in args.algos:
-            m, p = row[f"{algo}_us"], row[f"{algo}_pred_us"]
-            q = m / p if p > 0 else 0.0
-            line += [round(m, 1), round(p, 1), f"{q:.2f}{' *' if q > OFF or q < 1 / OFF else ''}"]
-        body.append(line)
-    print(report.table(hdr, body, align=[True] * len(hdr)))
-    print(f"* off by more than {OFF:g}x. Why the model misses here (measured):")
-    for line in reasons(ctx, model, overhead):
-        print("  " + line)
-    print(f"the same formulas with alpha and beta measured while every rank talks at once (a 1-element and a "
-          f"4 MiB neighbour exchange): alpha {model['alpha_all'] * 1e6:.2f} us, beta {model['beta_ring'] * 1e12:.1f}"
-          f" ps/B; meas/pred:")
-    print(report.table(["size B"] + list(args.algos),
-                       [[row["size"]] + [round(row[f"{a}_us"] / row[f"{a}_pred_all_us"], 2)
-                                         if row[f"{a}_pred_all_us"] > 0 else 0.0 for a in args.algos]
-                        for row in mrows]))
+        for i, algo in enumerate(args.algos):
+            m, p, q = row[f"{algo}_us"], row[f"{algo}_pred_us"], row[f"{algo}_pred_all_us"]
+            ratio = m / p if p > 0 else 0.0
+            off |= ratio > OFF or ratio < 1 / OFF
+            body.append([row["size"] if i == 0 else "", algo, row["k"] if algo == "dbt" else "", round(m, 1),
+                         round(p, 1), f"{ratio:.2f}{' *' if ratio > OFF or ratio < 1 / OFF else ''}",
+                         round(m / q, 2) if q > 0 else 0.0])
+    print(report.table(["size B", "algo", "dbt k", "measured us", "pred us", "meas/pred", "meas/pred all talking"],
+                       body, align=[True, False, True, True, True, True, True]))
+    found = reasons(ctx, model, walk, mrows, args.algos)
+    print(f"* off by more than {OFF:g}x. What this run measured that the model leaves out:" if off else
+          f"the model is within {OFF:g}x everywhere in this run. What it measured that the model leaves out:")
+    for line in found:
+        print(wrapped(line, "  "))
+
+
+def library_words(ctx):
+    """How the library racing us picks its algorithm, in the words of the transport that ran."""
+    if ctx.transport == "gloo":
+        return ["gloo's all_reduce, as torch calls it, runs one ring at every size (no switch by size)"]
+    if ctx.transport == "nccl":
+        forced = sorted(f"{k}={v}" for k, v in os.environ.items() if k in ("NCCL_ALGO", "NCCL_PROTO"))
+        return ["NCCL's tuner prices ring vs tree (and its LL/LL128/Simple protocols) per size with its own "
+                "alpha-beta model; it ran with " + (", ".join(forced) if forced else "its own choices (no "
+                                                     "NCCL_ALGO or NCCL_PROTO set)")]
+    from mpi4py import MPI
+    if not MPI.Get_library_version().startswith("MPICH"):
+        return ["this MPI picks its all-reduce algorithm per size with its own rules"]
+    forced = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MPIR_CVAR_"))
+    return ["MPICH's classic rule: recursive doubling up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 B), "
+            "Rabenseifner above, unless MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM or its tuning choose otherwise; it "
+            "ran with " + (", ".join(forced) if forced else "its own choices (no MPIR_CVAR_* set; "
+                           "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring, for one, races MPICH's C ring)")]
 
 
 def show_race(ctx, args, table, race, overhead):
     report.section(ctx, f"3. the size-tuned all-reduce vs {LIBRARY[ctx.transport]} (same run)")
     print("switch table (fastest measured per size): " + switch_points(table))
-    print("the libraries' own: MPICH's MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (default 2048 B): recursive "
-          "doubling up to it, reduce-scatter + all-gather (Rabenseifner) above, unless "
-          "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM or the device's tuning tables choose otherwise; NCCL's tuner "
-          "prices ring vs tree (and its LL/LL128/Simple protocols) with its own alpha-beta model per size")
-    forced = sorted(f"{k}={v}" for k, v in os.environ.items()
-                    if k.startswith(("MPIR_CVAR_", "NCCL_ALGO", "NCCL_PROTO")))
-    print("the library ran with " + (", ".join(forced) if forced else "its own choices: no MPIR_CVAR_* or "
-          "NCCL_ALGO/NCCL_PROTO set (set MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring, for one, to race the "
-          "library's C ring)"))
-    print(report.table(["size B", "count", "type", "redop", "algo", "time us", "algbw", "busbw",
+    for line in library_words(ctx):
+        print(wrapped(line))
+    print(f"redop {race[0]['redop'] if race else 'sum'} (nccl-tests' column, the same on every row)")
+    print(report.table(["size B", "count", "type", "algo", "time us", "algbw", "busbw",
                         "lib us", "lib busbw", "#wrong", "lib/tuned"],
-                       [(r["size"], r["count"], r["type"], r["redop"], r["chosen"],
+                       [(r["size"], r["count"], r["type"], r["chosen"],
                          round(r["tuned_us"], 1), round(r["algbw"], 3), round(r["busbw"], 3),
                          round(r["lib_us"], 1), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
                         for r in race]))
     slow = [r for r in race if r["ratio"] < 1]
     if slow:
-        # the one cost we can price: Python walks each round (measured above), the library's rounds are C
+        # the one cost we can price: the Python of each round (measured above); the library's rounds are C
         rows = [(bandwidth.human(r["size"]), r["chosen"], r["rounds"], round(r["tuned_us"] - r["lib_us"], 1),
                  round(r["noise_us"], 1), round(r["rounds"] * overhead * 1e6, 1), gap_verdict(r, overhead))
                 for r in slow]
         ties = sum(v.startswith("a tie") for *_, v in rows)
-        print(f"tuned slower than the library at {len(slow)} of {len(race)} sizes, {ties} of them by less than "
-              f"this run's noise (noise: the larger spread between one contender's {BATCHES} batches). The part "
-              f"we can price: ~{overhead * 1e6:.1f} us of Python per round (measured), which the library's C "
-              f"rounds do not pay:")
+        what = ("walking a round plus a library call that moves nothing" if ctx.transport == "mpi" else
+                "walking a round; the call into the library itself is not measured here")
+        print(wrapped(f"tuned slower than the library at {len(slow)} of {len(race)} sizes, {ties} of them by less "
+                      f"than this run's noise (noise: the larger spread between one contender's {BATCHES} "
+                      f"batches). The part we can price: ~{overhead * 1e6:.1f} us of Python per round ({what}), "
+                      "which the library's C rounds do not pay:"))
         print(report.table(["size", "algo", "rounds", "gap us", "noise us", "Python us", "so the gap is"], rows,
                            align=[False, False, True, True, True, True, False]))
         cores = len(os.sched_getaffinity(0))
         if any(r[-1].startswith("not Python") for r in rows):
-            print("where it is not Python, the schedule is not to blame either (ours was the fastest of the five "
-                  "at that size): the rest is how the library moves its bytes, which this run does not measure"
-                  + (f"; and {ctx.world_size} ranks share {cores} cores, so every round also waits for the "
-                     "scheduler" if ctx.world_size > cores else ""))
+            print(wrapped("where it is not Python, the schedule is not to blame either (ours was the fastest of "
+                          f"the {len(args.algos)} raced at that size): the rest is how the library moves its bytes, which this run "
+                          "does not measure" + (f"; and {ctx.world_size} ranks share {cores} cores, so every "
+                                                "round also waits for the scheduler" if ctx.world_size > cores
+                                                else "")))
     if args.csv:
         report.write_csv(args.csv, race)
         print(f"wrote {args.csv}")
@@ -794,22 +865,23 @@ def main():
     model = measure_model(ctx, be, args.dtype, max(pick["iters"], PING_ITERS)) if modeled else \
         dict(alpha=0.0, beta=0.0, gamma=0.0, alpha_all=0.0, beta_ring=0.0)
 
-    report.section(ctx, f"1. {', '.join(args.algos)} on {n} ranks, {args.dtype}, api {ctx.api} "
-                        f"({ctx.transport}), vs the library's all-reduce")
+    report.section(ctx, f"1. {', '.join(args.algos)} on {n} ranks, {args.dtype}, {ctx.api} ({ctx.transport}), "
+                        "vs the library")
     results = check_counts(ctx, args, be, model)
     if rank == 0:
         lg = math.ceil(math.log2(n)) if n > 1 else 0
         c = args.counts[-1]
         print(f"floats: each algorithm adds in its own order; allow (N-1)*eps = {(n - 1) * EPS[args.dtype]:.2g}"
-              f" relative.\nbytes through the root (tree, count {c}): binomial 2*ceil(lg N)*count*itemsize = "
-              f"{2 * lg * c * itemsize} B measured on rank 0: "
-              f"{results['tree'][-1]['bytes_sent'] + results['tree'][-1]['bytes_recv'] if 'tree' in results else '-'}"
-              f" B; a flat parameter server would move 2(N-1)*count*itemsize = {2 * (n - 1) * c * itemsize} B",
-              flush=True)
+              " relative.")
+        root = results["tree"][-1]["bytes_sent"] + results["tree"][-1]["bytes_recv"] if "tree" in results else "-"
+        print(wrapped(f"bytes through the root (tree, count {c}): binomial 2*ceil(lg N)*count*itemsize = "
+                      f"{2 * lg * c * itemsize} B, measured on rank 0: {root} B; a parameter server (a star) "
+                      f"would move 2(N-1)*count*itemsize = {2 * (n - 1) * c * itemsize} B"))
         if "dbt" in results and n > 1:
-            print(f"dbt: depth D = {dbt_depth(n)}, k per count = {[(i['count'], i['k']) for i in results['dbt']]} "
-                  f"(k = sqrt((2D-1)*2n*beta/alpha), 1..{KMAX}, alpha and beta with every rank talking)")
-    overhead = round_overhead(ctx, be, args.dtype)
+            print(wrapped(f"dbt: depth D = {dbt_depth(n)}, k per count = "
+                          f"{[(i['count'], i['k']) for i in results['dbt']]} (k = sqrt((2D-1)*2n*beta/alpha), "
+                          f"1..{KMAX}, alpha and beta with every rank talking)"), flush=True)
+    walk, call = round_overhead(ctx, be, args.dtype)
     times = sweep_times(ctx, args, be, pick, sizes, model)
     a, b, g = model["alpha"], model["beta"], model["gamma"]
     mrows = []
@@ -829,12 +901,12 @@ def main():
         r["chosen_us"] = times[size][r["chosen"]] * 1e6
     if rank == 0:
         if modeled:
-            show_model(ctx, args, model, mrows, overhead)
+            show_model(ctx, args, model, mrows, walk)
         else:
             report.section(ctx, "2. one rank: no ping-pong partner, so no alpha or beta; the model has nothing "
                                 "to predict (the algorithms below only walk their empty schedules)")
-        show_race(ctx, args, table, race, overhead)
-    summary = {"round_overhead_us": overhead * 1e6, "tuned": race, "switch": switch_points(table),
+        show_race(ctx, args, table, race, walk + call)
+    summary = {"round_walk_us": walk * 1e6, "round_call_us": call * 1e6, "tuned": race, "switch": switch_points(table),
                "tuned_wrong": sum(r["wrong"] for r in race)}
     if modeled:
         summary.update(alpha_us=a * 1e6, beta_ps_per_B=b * 1e12, gamma_ps_per_B=g * 1e12,

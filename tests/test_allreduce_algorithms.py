@@ -163,15 +163,60 @@ def test_a_lost_size_is_told_apart_from_noise_and_python(tuned, lib, noise, roun
     assert zoo.gap_verdict(row, overhead=1e-6).startswith(verdict)
 
 
-@pytest.mark.parametrize("beta_ring, says", [(4e-10, "shares one bus"), (2.5e-11, "4.0x faster than the lone"),
-                                             (1.1e-10, "close")])
-def test_the_concurrent_beta_is_compared_with_the_ping_pong_both_ways(beta_ring, says):
+def said(model, n=2, cores=2, transport="mpi", walk=1e-7, mrows=(), algos=()):
+    """The reasons section's lines for a made-up run (affinity patched to `cores`)."""
     from types import SimpleNamespace
-    pts = [(b, 2e-6 + b * 1e-10) for b in zoo.PING]
-    model = dict(alpha=2e-6, beta=1e-10, beta_ring=beta_ring, pingpong=pts, below=(2e-6, 1e-10),
-                 above=(2e-6, 1e-10))
-    (b,) = [line for line in zoo.reasons(SimpleNamespace(world_size=2), model, 1e-6) if line.startswith("(b)")]
-    assert says in b, b
+    import os
+    ctx = SimpleNamespace(world_size=n, transport=transport, single_node=True)
+    real = os.sched_getaffinity
+    os.sched_getaffinity = lambda pid: set(range(cores))
+    try:
+        return zoo.reasons(ctx, model, walk, list(mrows), list(algos))
+    finally:
+        os.sched_getaffinity = real
+
+
+def line_model(beta_ring=1e-10, step_at=None, jump=0.0):
+    """A ping-pong on one straight line (alpha 2 us, 10 GB/s), with an optional step up after `step_at` B."""
+    pts = [(b, 2e-6 + b * 1e-10 + (jump if step_at is not None and b > step_at else 0.0)) for b in zoo.PING]
+    return dict(alpha=2e-6, beta=1e-10, gamma=1e-11, beta_ring=beta_ring, pingpong=pts)
+
+
+@pytest.mark.parametrize("beta_ring, n, cores, says, not_said", [
+    (4e-10, 2, 2, "the node's memory system", "(a)"),          # a core per rank: the shared memory system
+    (4e-10, 4, 2, "time-sharing of the cores, (a)", "memory"),  # oversubscribed: that alone can explain it
+    (2.5e-11, 2, 2, "4.0x faster than the lone", "memory"),
+    (1.1e-10, 2, 2, "within 1.5x", "memory")])
+def test_the_concurrent_beta_is_told_by_what_the_run_shows(beta_ring, n, cores, says, not_said):
+    (b,) = [line for line in said(line_model(beta_ring), n, cores) if line.startswith("(b)")]
+    assert says in b and not_said not in b, b
+
+
+@pytest.mark.parametrize("transport, why", [("mpi", "eager to rendezvous"), ("gloo", "cannot say why"),
+                                            ("nccl", "NCCL_PROTO")])
+def test_a_step_in_the_ping_pong_is_found_where_it_is_and_named_per_transport(transport, why):
+    model = line_model(step_at=8192, jump=6e-6)  # +6 us from 8 KiB to 16 KiB: the slope predicts +0.8 us
+    assert zoo.ping_step(model["pingpong"], 2e-6, 1e-10)[:2] == (8192, 16384)
+    (c,) = [line for line in said(model, transport=transport) if line.startswith("(c)")]
+    assert "at 8192 B" in c and "at 16384 B" in c and why in c, c
+    if transport != "mpi":
+        assert "eager" not in c
+
+
+def test_no_step_no_protocol_story():
+    assert zoo.ping_step(line_model()["pingpong"], 2e-6, 1e-10) is None
+    spike = line_model()["pingpong"]
+    spike[5] = (spike[5][0], spike[5][1] + 50e-6)  # one noisy size, back on the line after it
+    assert zoo.ping_step(spike, 2e-6, 1e-10) is None
+    assert not [line for line in said(line_model()) if line.startswith(("(c)", "(d)", "(a)"))]
+
+
+def test_python_per_round_is_said_only_where_it_weighs():
+    row = {"size": 4096, "k": 1, "ring_us": 10.0}
+    heavy = said(line_model(), n=4, cores=4, walk=1e-6, mrows=[row], algos=["ring"])   # 6 rounds x 1 us of 10 us
+    light = said(line_model(), n=4, cores=4, walk=1e-8, mrows=[row], algos=["ring"])
+    assert any(line.startswith("(e)") and "60%" in line for line in heavy)
+    assert not any(line.startswith("(e)") for line in light)
 
 
 def test_mismatch_accepts_every_schedule_and_names_a_broken_one():
