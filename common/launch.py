@@ -1,19 +1,22 @@
-"""Start a lesson under mpiexec, show its output live, and make sure it ends: timeout, Ctrl-C, cleanup
-(the run folder's pids, stacks and errors, and the killing, live in common/rundir.py).
+"""Start a lesson under mpiexec, show its output live, and make sure it ends: timeout, stop signals,
+cleanup (the run folder's pids, stacks and errors, and the killing, live in common/rundir.py; what
+ends the run when the runner itself is told to stop, in common/lifetime.py).
 """
 import functools
 import json
+import math
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
+from common import lifetime
 from common.catalog import ROOT
 from common.rundir import dump_stacks, end_tree, rank_pids, read_errors
 
@@ -106,46 +109,77 @@ class Outcome:
     pids: dict = field(default_factory=dict)     # rank -> pid, as the ranks wrote them
     statuses: list = None                        # each rank's wait status, when hydra reported them
     limit: float = None                          # the timeout this run had
+    signal: int = None                           # the signal that interrupted the runner
+    launcher: tuple = None                       # (pid, signal) when mpiexec itself was killed
+    bad_results: str = None                      # why the results file could not be read
 
 
-def run(cmd, timeout, results_path=None, echo=True, env=None):
-    """Run `cmd`; stream its output; end it at `timeout` with per-rank stacks; return an Outcome."""
-    run_dir = tempfile.mkdtemp(prefix="tutor-run-")
-    results_path = results_path or os.path.join(run_dir, "results.json")
-    if os.path.exists(results_path):
-        os.unlink(results_path)  # never read a previous run's results as this one's
-    env = {**os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir,
-           "TUTOR_RESULTS": os.path.abspath(results_path), "PYTHONUNBUFFERED": "1"}
+def run(cmd, timeout, echo=True, env=None, tick=None):
+    """Run `cmd`; stream its output; end it at `timeout` (with per-rank stacks) or on a stop signal;
+    return an Outcome once every process of the run is gone and its run folder removed. `tick(seconds)`
+    is called about every 0.1 s while it runs. The lesson writes its results into the run folder."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise LaunchError(f"a run needs a finite timeout > 0, got {timeout!r}")  # the watchdog stays on
+    with lifetime.Stop() as stop:
+        run_dir = lifetime.new_run_dir()
+        try:
+            return _run(cmd, timeout, run_dir, stop, echo, env, tick)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run(cmd, timeout, run_dir, stop, echo, env, tick):
+    results_path = os.path.join(run_dir, "results.json")
+    env = {**os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir, "TUTOR_RESULTS": results_path,
+           "PYTHONUNBUFFERED": "1"}
+    out = Outcome(rc=0, seconds=0.0, limit=timeout)
     start = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lifetime.die_with_runner())
     except OSError as exc:
-        shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"cannot start {cmd[0]}: {exc.strerror}") from None
-    out = Outcome(rc=0, seconds=0.0, limit=timeout)
     reader = threading.Thread(target=_pump, args=(proc.stdout, out, echo), daemon=True)
     reader.start()
     try:
-        out.rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out.timed_out = True
-        out.stacks = dump_stacks(proc.pid, run_dir)
-        out.rc = 124
-    except KeyboardInterrupt:
-        out.interrupted = True
-        out.rc = 130
+        while True:
+            try:
+                out.rc = proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            except KeyboardInterrupt:  # not the main thread: no handler of ours, Python's own
+                stop.signum = signal.SIGINT
+            if stop.signum:
+                out.interrupted, out.signal, out.rc = True, stop.signum, 128 + stop.signum
+                break
+            if time.monotonic() - start >= timeout:
+                out.timed_out = True
+                out.stacks = dump_stacks(proc.pid, run_dir)
+                out.rc = 124
+                break
+            if tick:
+                tick(time.monotonic() - start)
     finally:
         end_tree(proc, run_dir)
         proc.wait()
         reader.join(timeout=5)
+    if out.rc < 0:  # mpiexec itself died of a signal: what sent it cannot be known from here
+        out.launcher, out.rc = (proc.pid, -out.rc), 128 - out.rc
+    if stop.signum and not out.interrupted:  # it came while the run was being ended: still obeyed
+        out.interrupted, out.signal, out.rc = True, stop.signum, 128 + stop.signum
     out.seconds = time.monotonic() - start
     out.errors = read_errors(run_dir)
     out.pids = rank_pids(run_dir)
     if os.path.exists(results_path) and not (out.timed_out or out.interrupted):
-        with open(results_path) as f:
-            out.results = json.load(f)
-    shutil.rmtree(run_dir, ignore_errors=True)
+        try:
+            with open(results_path) as f:
+                out.results = json.load(f)
+        except (OSError, ValueError) as exc:
+            out.bad_results = str(exc)
+        if not isinstance(out.results, dict):
+            out.results, out.bad_results = None, out.bad_results or "not a JSON object"
     return out
 
 
@@ -157,7 +191,10 @@ def _pump(stream, out, echo):
             out.statuses = statuses
             continue
         if echo:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            except (OSError, ValueError):  # the terminal is gone (SIGHUP): keep reading, stop showing
+                echo = False
         out.tail.append(line.rstrip("\n"))
         del out.tail[:-200]

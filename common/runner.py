@@ -1,17 +1,29 @@
-"""What `bin/tutor run` and `check` do: validate the request, launch, check the results, explain."""
+"""What `bin/tutor run` and `check` do: validate the request, launch, check the results (the words
+for an outcome are common/verdict.py's; the files the runner writes follow common/files.py)."""
+import json
 import os
-import re
-import signal
 
-from common import catalog, devices, expect, launch, rundir
-from common.report import atomic_write, table
+from common import devices, expect, files, launch, schema
+from common.verdict import checks_table, explain, killed_rank, ok, status, write_junit  # noqa: F401
+
+RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
 
 
 class UsageError(ValueError):
     """Bad input: one line for the learner, exit status 2."""
 
 
-def parse_np(text, lesson):
+class ScriptError(ValueError):
+    """The lesson (or practice copy) cannot even be compiled: one line with file:line, exit status 1."""
+
+
+def np_ceiling():
+    """The most ranks this machine runs without --force: 4 per usable core, at least 8. None when
+    MPIEXEC is set (a cluster launcher: the ranks may go to other nodes, whose cores are not ours)."""
+    return None if os.environ.get("MPIEXEC") else max(8, 4 * launch.usable_cores())
+
+
+def parse_np(text, lesson, force=False):
     if text is None:
         return lesson.meta["np"]["default"]
     try:
@@ -24,7 +36,67 @@ def parse_np(text, lesson):
     if np < lo or (hi is not None and np > hi):
         span = f"{lo}..{hi}" if hi is not None else f"at least {lo}"
         raise UsageError(f"{lesson.name} runs with NP {span}, got {np}")
+    ceiling = np_ceiling()
+    if ceiling and np > ceiling and not force:
+        raise UsageError(f"-n {np}: more ranks than {launch.usable_cores()} cores run sensibly (at most "
+                         f"{ceiling}); add --force to run them anyway")
     return np
+
+
+def parse_timeout(value):
+    """--timeout: a finite number of seconds > 0, at most a day; None keeps the YAML's."""
+    if value is not None and not 0 < value <= schema.MAX_TIMEOUT_S:  # nan and inf fail this too
+        raise UsageError(f"--timeout must be positive, at most {schema.MAX_TIMEOUT_S} s (a day): got "
+                         f"{value} (the watchdog cannot be switched off)")
+    return value
+
+
+def wants_help(extra):
+    """True when the lesson flags after `--` ask for the lesson's own --help."""
+    return any(a in ("-h", "--help") or len(a) > 3 and "--help".startswith(a) for a in _flags(extra))
+
+
+def check_extra(extra):
+    """Refuse lesson flags that would override the runner's own behind its back (the summary and
+    the results would then describe another run than the one made)."""
+    for arg in _flags(extra):
+        taken = [f for f in RUNNER_FLAGS if len(arg) > 2 and f.startswith(arg)]
+        if taken:
+            raise UsageError(f"`{arg}` after `--` would override the runner's {taken[0]}: give it to "
+                             "bin/tutor, before `--`")
+
+
+def _flags(extra):
+    return [str(a).split("=", 1)[0] for a in extra if str(a).startswith("-")]
+
+
+def check_script(path):
+    """Compile the lesson (or the learner's copy) before launching NP copies of a syntax error."""
+    shown = os.path.relpath(path)
+    try:
+        with open(path, "rb") as f:
+            compile(f.read(), shown, "exec", dont_inherit=True)
+    except OSError as exc:
+        raise ScriptError(f"{shown}: {exc.strerror}") from None
+    except SyntaxError as exc:  # IndentationError and TabError too
+        code = f": {exc.text.strip()}" if exc.text and exc.text.strip() else ""
+        raise ScriptError(f"{shown}:{exc.lineno}: {type(exc).__name__}: {exc.msg}{code}") from None
+    except ValueError as exc:  # e.g. a NUL byte
+        raise ScriptError(f"{shown}: {exc}") from None
+
+
+def check_json_target(path):
+    try:
+        files.check_target(path, "--json", "results JSON", files.is_results_json)
+    except files.FileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_junit_target(path):
+    try:
+        files.check_target(path, "--junit", "JUnit report", files.is_junit)
+    except files.FileError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def validate(lesson, np, api, device):
@@ -45,8 +117,14 @@ def validate(lesson, np, api, device):
                              "per rank (lower -n or use --device cpu)")
 
 
-def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, echo=True, script=None):
-    """Launch one lesson; return (outcome, checks). checks is None when there were no results."""
+def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, echo=True, script=None,
+               tick=None):
+    """Launch one lesson; return (outcome, checks). checks is None when there were no results.
+    With json_path, the results (and the checks and status) are kept there: see common/files.py."""
+    extra = [str(a) for a in extra]
+    check_extra(extra)
+    if json_path:
+        check_json_target(json_path)
     args = ["--api", api, "--device", device, *extra]
     cmd = launch.command(script or lesson.path, np, args)
     if echo:
@@ -54,125 +132,44 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
         if np > launch.usable_cores():
             print(f"note: {np} ranks on {launch.usable_cores()} usable cores: the ranks share cores, "
                   "so timings will be distorted (results are still checked)", flush=True)
-    outcome = launch.run(cmd, timeout or lesson.meta["timeout_s"], json_path, echo=echo)
+    outcome = launch.run(cmd, timeout or lesson.meta["timeout_s"], echo=echo, tick=tick)
     checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome.results else None
+    if json_path:
+        keep_results(json_path, lesson, np, api, device, outcome, checks)
     return outcome, checks
 
 
-def ok(outcome, checks):
-    return outcome.rc == 0 and checks is not None and all(c["ok"] for c in checks)
+def keep_results(path, lesson, np, api, device, outcome, checks):
+    """The results JSON the learner asked for: the lesson's results (or what is known of the run),
+    the checks and one status; never over a file that is not an earlier one (UsageError)."""
+    doc = outcome.results or {"lesson": lesson.name, "np": np, "api": api, "device": device, "ranks": []}
+    doc = {**doc, "checks": checks or [], "ok": ok(outcome, checks), "status": status(outcome, checks)}
+    text = json.dumps(doc, indent=1) + "\n"
+    try:
+        files.write_new(path, text, "--json", "results JSON", files.is_results_json)
+    except files.FileError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"--json {path}: could not write it: {exc.strerror}") from None
 
 
-def checks_table(checks):
-    rows = [(c["name"], _short(c["got"]), c["want"], "✓" if c["ok"] else "✗") for c in checks]
-    return table(["check", "got", "want", ""], rows, align=[False, False, False, False])
+def lesson_help(lesson, script=None):
+    """The lesson's own --help, once (one rank), with no verdict: the exit status of the lesson."""
+    cmd = launch.command(script or lesson.path, 1, ["--help"])
+    print("$ " + " ".join(cmd), flush=True)
+    return launch.run(cmd, 60).rc
 
 
-def _short(value, limit=60):
-    text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+class Waiting:
+    """Says, on stderr, that a quiet run is still going: at 5 s (or half its limit), then each time
+    the wait doubles, so a learner whose answer deadlocks knows why nothing happens."""
 
+    def __init__(self, what, limit, say):
+        self.what, self.limit, self.say = what, limit, say
+        self.next = min(5.0, limit / 2)
 
-def explain(lesson, outcome, checks):
-    """Lines saying why a run did not pass, in the learner's words; [] when it passed."""
-    lines = []
-    if outcome.interrupted:
-        return ["interrupted: every rank was ended"]
-    if outcome.timed_out:
-        lines.append(f"TIMEOUT: {lesson.name} ran past its {outcome.limit:g} s limit; every rank was ended. "
-                     "Where each rank was:")
-        for rank in sorted(outcome.stacks):
-            own, inner = rundir.blocked_at(outcome.stacks[rank])
-            where = f"{own[0]}() at {own[1]}" if own else "?"
-            deeper = f"  (inside {inner[0]}() at {inner[1]})" if inner and inner != own else ""
-            lines.append(f"  rank {rank}: {where}{deeper}")
-        if not outcome.stacks:
-            lines.append("  (no rank answered the stack-dump request: it hung before joining MPI)")
-        return lines
-    for rank in sorted(outcome.errors):
-        lines.append(f"rank {rank} failed: {outcome.errors[rank]}")
-    killed = killed_rank(outcome) if outcome.rc != 0 and not outcome.errors else None
-    if killed:
-        lines.append(killed)
-    elif outcome.rc == 2 and checks is None:  # a lesson's flag parser or ctx.fail(): one line said why
-        last = next((l for l in reversed(outcome.tail) if l.strip()), "")
-        return [f"the lesson refused to run: {last.strip()}"]
-    elif outcome.rc != 0 and not outcome.errors:
-        last = next((l for l in reversed(outcome.tail) if l.strip()), "")
-        lines.append(f"the lesson exited with status {outcome.rc}" + (f": {last.strip()}" if last else ""))
-    if checks is None and outcome.rc != 0:
-        lines.append("it ended before writing its results, so nothing could be checked")
-    elif checks is None:
-        lines.append("it exited 0 but wrote no results: the lesson must call report.finish()")
-    else:
-        lines += [f"check failed: {c['name']}: got {_short(c['got'])}, want {c['want']}"
-                  for c in checks if not c["ok"]]
-    return lines
-
-
-def killed_rank(outcome):
-    """Which rank ended the run, in words: killed by a signal, or (from hydra's statuses) gone with an
-    exit status of its own while the others were not; None when the launcher's report names none.
-
-    hydra ends the other ranks with SIGKILL once one dies, so with every rank's status (Outcome.statuses)
-    a SIGKILL is the culprit's only when no rank died another way. When several ranks show SIGKILL only,
-    nothing the launcher reports says which died first, and the line says so. Without the statuses, Open
-    MPI's "process rank R ... exited on signal S" is read, or hydra's banner PID (several hosts) is mapped.
-    """
-    statuses = outcome.statuses or []
-    sig_of = {r: s & 0x7F for r, s in enumerate(statuses) if 0 < s & 0x7F < 0x7F}
-    code_of = {r: s >> 8 for r, s in enumerate(statuses) if s & 0x7F == 0 and s >> 8}
-    if len(code_of) == len(statuses) > 0 and len(set(code_of.values())) == 1:
-        return None  # every rank left with one status: the lesson's own exit (a refused flag), not one rank's
-    culprits = {r: s for r, s in sig_of.items() if s != signal.SIGKILL}
-    if not culprits and not code_of:
-        culprits = sig_of  # SIGKILL only: the culprit is among them
-        if len(culprits) > 1:
-            who = " and ".join(_rank_pid(outcome, r) for r in sorted(culprits))
-            return (f"{who} were killed by {_signal_name(signal.SIGKILL)}: one of them died and mpiexec ended "
-                    "the others with the same signal; its report cannot tell which came first")
-    parts = [f"{_rank_pid(outcome, r)} was killed by {_signal_name(s)}" for r, s in sorted(culprits.items())]
-    parts += [f"{_rank_pid(outcome, r)} exited with status {c}" for r, c in sorted(code_of.items())]
-    if parts:
-        return "; ".join(parts) + "; mpiexec then ended the other ranks"
-    if statuses:
-        return None  # hydra reported every rank and none ended the run
-    text = "\n".join(outcome.tail)
-    ompi = re.search(r"process rank (\d+) with PID (\d+) on node\s+\S+\s+exited on signal (\d+)", text)
-    if ompi:  # Open MPI names the rank itself (its PID is 0 in some versions: ours is then used)
-        rank, pid, sig = map(int, ompi.groups())
-        who = f"rank {rank} (pid {pid})" if pid else _rank_pid(outcome, rank)
-        return f"{who} was killed by {_signal_name(sig)}; mpirun then ended the other ranks"
-    pid = re.search(r"PID (\d+) RUNNING AT", text)
-    sig = re.search(r"signal (\d+)", text)
-    if not pid:
-        return None
-    by_pid = {p: r for r, p in outcome.pids.items()}
-    who = f"rank {by_pid[int(pid.group(1))]}" if int(pid.group(1)) in by_pid else "a rank"
-    how = f"was killed by {_signal_name(int(sig.group(1)))}" if sig else "ended abnormally"
-    return f"{who} (pid {pid.group(1)}) {how}; mpiexec then ended the other ranks"
-
-
-def _rank_pid(outcome, rank):
-    return f"rank {rank} (pid {outcome.pids[rank]})" if rank in outcome.pids else f"rank {rank}"
-
-
-def _signal_name(sig):
-    name = f" ({signal.Signals(sig).name})" if sig in signal.valid_signals() else ""
-    return f"signal {sig}{name}"
-
-
-def write_junit(path, cases):
-    """A JUnit XML file for CI dashboards: one testcase per lesson x NP x API."""
-    from xml.sax.saxutils import escape, quoteattr
-    failed = sum(not c[4] for c in cases)
-    parts = [f'<testsuite name="tutor-check" tests="{len(cases)}" failures="{failed}">']
-    for lesson, n, api, outcome, passed, why in cases:
-        parts.append(f'  <testcase classname={quoteattr(lesson.name)} name="np{n}-{api}" '
-                     f'time="{outcome.seconds:.2f}">')
-        if not passed:
-            parts.append(f'    <failure message={quoteattr(why[0] if why else "failed")}>'
-                         f'{escape(chr(10).join(why + outcome.tail[-40:]))}</failure>')
-        parts.append("  </testcase>")
-    parts.append("</testsuite>\n")
-    atomic_write(path, "\n".join(parts))
+    def __call__(self, seconds):
+        if seconds >= self.next:
+            self.say(f"  … {self.what}: still running after {seconds:.0f} s (limit {self.limit:g} s; "
+                     "a deadlock? Ctrl-C stops it)")
+            self.next = 2 * seconds

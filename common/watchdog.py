@@ -3,7 +3,8 @@
 When the runner sets TUTOR_RUN_DIR, each rank writes there
   rankR.pid    its process id, so the runner can signal and end it even if mpiexec is gone;
   rankR.stack  a faulthandler dump of every thread, written when the runner sends SIGUSR1;
-  rankR.error  the exception that killed it, one line, with the lesson's file:line.
+  rankR.error  the exception that killed it, one line, with the lesson's file:line (mpi4py's own
+               errors as "MPI.Exception: ...": the runner reads those as a possible echo of a dead peer).
 """
 import faulthandler
 import os
@@ -31,8 +32,9 @@ def install(rank):
                   and not fr.filename.startswith("<")]
         where = f" ({os.path.relpath(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
         line = (str(value).strip().splitlines() or [""])[0]
+        name = f"MPI.{kind.__name__}" if kind.__module__ == "mpi4py.MPI" else kind.__name__
         with open(base + ".error", "w") as f:
-            f.write(f"{kind.__name__}: {line}{where}\n")
+            f.write(f"{name}: {line}{where}\n")
         previous(kind, value, tb)
 
     sys.excepthook = hook

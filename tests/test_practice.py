@@ -8,6 +8,7 @@ so it is not run twice (the fixture test below runs both halves through answer_k
 import json
 import os
 import textwrap
+import time
 
 import pytest
 
@@ -233,6 +234,44 @@ def test_practice_check_fix_pass_list(sandbox):
     assert good.returncode == 0 and "passes every check" in good.stdout, good.stdout + good.stderr
     assert "✓ passed" in tutor("list", env=env).stdout
     assert "op=MPI.SUM" in tutor("solution", "01", env=env).stdout
+
+
+def test_syntax_error_in_the_copy_is_named_with_file_and_line(sandbox):
+    env = dict(os.environ)
+    assert tutor("practice", "01", env=env).returncode == 0
+    path = os.path.join(sandbox, "practice", "01_sum.py")
+    lines = open(path).read().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "raise NotImplementedError" in line)
+    lines[at] = lines[at].replace('raise NotImplementedError("exercise allreduce: not done yet")',
+                                  "value = ctx.comm.allreduce(ctx.rank + 1 op=MPI.SUM)")
+    open(path, "w").writelines(lines)
+    proc = tutor("check", "01", "--mine", env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    said = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(said) == 1 and f"01_sum.py:{at + 1}: SyntaxError: " in said[0], proc.stderr
+    assert "ctx.rank + 1 op=MPI.SUM" in said[0]
+
+
+def test_a_deadlocking_answer_says_it_waits_and_stops_after_one_hang(sandbox, monkeypatch):
+    lessons = sandbox / "lessons"
+    lessons.mkdir()
+    (lessons / "01_sum.py").write_text(open(os.path.join(PRACTICE_FIXTURES, "01_sum.py")).read())
+    yaml_text = open(os.path.join(PRACTICE_FIXTURES, "01_sum.yaml")).read()
+    (lessons / "01_sum.yaml").write_text(yaml_text.replace("timeout_s: 30", "timeout_s: 3"))
+    env = {**os.environ, "TUTOR_LESSONS": str(lessons)}
+    assert tutor("practice", "01", env=env).returncode == 0
+    path = os.path.join(sandbox, "practice", "01_sum.py")
+    mine = open(path).read().replace('raise NotImplementedError("exercise allreduce: not done yet")',
+                                     "value = ctx.comm.recv(source=(ctx.rank + 1) % ctx.world_size)")
+    open(path, "w").write(mine)  # every rank waits for a message no one sends
+    start = time.monotonic()
+    proc = tutor("check", "01", "--mine", env=env, timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "01_sum np=1 mpi4py: still running after" in proc.stderr, proc.stderr
+    assert "TIMEOUT" in proc.stderr and "not run" in proc.stdout and "1 not run" in proc.stdout
+    assert "once np=1 mpi4py hung" in proc.stderr
+    assert took < 2 * 3 + 4, f"it waited out the second NP too ({took:.1f} s)"
 
 
 # ---- the answer-key proof ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from common import bootstrap, launch, runner
+from common import bootstrap, catalog, launch, runner
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
 FIX = {"TUTOR_LESSONS": FIXTURES}
@@ -34,6 +34,15 @@ def one_line_error(proc, *fragments):
     (["run", "1", "--api", "jax"], ["offers --api mpi4py, not 'jax'"]),
     (["run", "1", "--device", "gpu"], ["--device gpu: no usable GPU here"]),
     (["run", "1", "--timeout", "-1"], ["--timeout must be positive"]),
+    (["run", "1", "--timeout", "nan"], ["--timeout must be positive", "got nan", "cannot be switched off"]),
+    (["run", "1", "--timeout", "inf"], ["--timeout must be positive", "got inf"]),
+    (["run", "1", "--timeout", "1e400"], ["--timeout must be positive", "got inf"]),
+    (["run", "1", "--timeout", "86401"], ["at most 86400 s"]),
+    (["run", "2", "-n", str(runner.np_ceiling() + 1)], ["more ranks than", "--force"]),
+    (["run", "1", "--", "--api", "torch"], ["`--api` after `--` would override the runner's --api"]),
+    (["run", "1", "--", "--ap=torch"], ["`--ap` after `--`", "--api"]),
+    (["run", "1", "--", "--dev", "cpu"], ["runner's --device"]),
+    (["run", "1", "--", "--json", "x.json"], ["runner's --json"]),
 ])
 def test_bad_runner_input(args, fragments):
     one_line_error(tutor(*args, env={**FIX, "CUDA_VISIBLE_DEVICES": ""}), *fragments)
@@ -94,6 +103,29 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     text = (tmp_path / "01_pass.yaml").read_text().replace("apis: [mpi4py]", "apis: [mpi4py")
     (tmp_path / "01_pass.yaml").write_text(text)
     one_line_error(tutor("run", "1", env={"TUTOR_LESSONS": str(tmp_path)}), "01_pass.yaml:4", "malformed YAML")
+
+
+@pytest.mark.parametrize("change, line, fragment", [
+    (("timeout_s: 30", "timeout_s: soon"), 4, "timeout_s must be a number of seconds"),
+    (("timeout_s: 30", "timeout_s: 0"), 4, "got 0"),   # was read as 'hung before joining MPI'
+])   # every other YAML limit: tests/test_catalog.py, without a subprocess each
+def test_yaml_limits_are_checked_on_load(tmp_path, change, line, fragment):
+    for name in ("01_pass.py", "01_pass.yaml"):
+        (tmp_path / name).write_text(open(os.path.join(FIXTURES, name)).read())
+    text = (tmp_path / "01_pass.yaml").read_text()
+    assert change[0] in text
+    (tmp_path / "01_pass.yaml").write_text(text.replace(*change))
+    proc = tutor("run", "1", env={"TUTOR_LESSONS": str(tmp_path)}, timeout=60)
+    one_line_error(proc, f"01_pass.yaml:{line}:", fragment)
+    assert "$ " not in proc.stdout, "it launched a lesson whose YAML is wrong"
+
+
+def test_more_ranks_than_the_ceiling_with_force():
+    lesson = catalog.resolve("02", FIXTURES)
+    n = runner.np_ceiling() + 1
+    with pytest.raises(runner.UsageError, match="--force"):
+        runner.parse_np(str(n), lesson)
+    assert runner.parse_np(str(n), lesson, force=True) == n
 
 
 def test_yaml_expression_that_is_not_arithmetic_is_refused(tmp_path):

@@ -1,0 +1,100 @@
+"""Nothing left running, nothing left behind, whatever ends the runner:
+
+- a stop signal (Ctrl-C, SIGTERM from `timeout`, Slurm or CI, SIGHUP when the terminal closes, ...)
+  is noted while a run is on; the runner then ends every process of the run, removes its run folder
+  and exits 128 + signal (common/launch.py's wait loop);
+- SIGKILL cannot be caught: mpiexec is made to die with the runner (Linux), its proxies then end the
+  ranks, and the run folder it leaves is removed by the next run.
+"""
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+
+
+# Every signal whose default action would end the runner ends the run first, then the runner, with the
+# conventional status 128 + signal; SIGINT (Ctrl-C) is one of them (130). A signal ignored when the
+# runner started (nohup's SIGHUP) stays ignored. SIGKILL and SIGSTOP cannot be caught.
+STOP_SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1",
+                                                   "SIGUSR2", "SIGALRM", "SIGXCPU", "SIGXFSZ", "SIGVTALRM",
+                                                   "SIGPROF") if hasattr(signal, name)]
+
+
+class Stop:
+    """While a run is on, a stop signal is noted (never raised mid-cleanup); the wait loop acts on it."""
+
+    def __init__(self):
+        self.signum, self.old = None, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self.old[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum, frame):
+        self.signum = self.signum or signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+
+def _libc_prctl():
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_runner():
+    """A preexec_fn for mpiexec: the kernel kills it when the runner dies, even of SIGKILL (which no
+    handler sees); hydra's proxies then end the ranks when their mpiexec is gone. None off Linux."""
+    if not _PRCTL:
+        return None
+    runner_pid = os.getpid()
+
+    def arm():
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != runner_pid:  # the runner died before the line above: follow it now
+            os._exit(137)
+    return arm
+
+
+def _pid_namespace():
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+_PID_NS = _pid_namespace()  # a run folder names its runner as namespace.pid
+
+
+def new_run_dir():
+    """A fresh run folder in the temp directory, after removing those orphaned by a killed runner."""
+    _sweep_orphans()
+    return tempfile.mkdtemp(prefix=f"tutor-run-{_PID_NS}.{os.getpid()}-")
+
+
+def _sweep_orphans():
+    """Remove run folders whose runner is gone (one killed by SIGKILL could not remove its own); only
+    those of runners in this pid namespace, the only ones whose pid can be looked up here."""
+    folder = tempfile.gettempdir()
+    try:
+        names = os.listdir(folder) if _PID_NS else []
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(rf"tutor-run-{_PID_NS}\.(\d+)-\w+", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)

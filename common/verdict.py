@@ -1,0 +1,174 @@
+"""What a run's outcome means, in words and as data: the checks table, the lines that say why a run
+did not pass (which rank failed, which process a signal killed, where a hung rank was), the status the
+results JSON keeps, and the JUnit report."""
+import os
+import re
+import signal
+
+from common import files, rundir
+from common.report import table
+
+STATUSES = ("pass", "fail", "timeout", "crash", "interrupted")
+
+
+def status(outcome, checks):
+    """The run's verdict as one word (GUIDE §3, Verdicts); `blocked` runs never launch."""
+    if outcome.interrupted:
+        return "interrupted"
+    if outcome.timed_out:
+        return "timeout"
+    if ok(outcome, checks):
+        return "pass"
+    return "crash" if checks is None else "fail"
+
+
+def ok(outcome, checks):
+    return outcome.rc == 0 and checks is not None and all(c["ok"] for c in checks)
+
+
+def checks_table(checks):
+    rows = [(c["name"], _short(c["got"]), c["want"], "✓" if c["ok"] else "✗") for c in checks]
+    return table(["check", "got", "want", ""], rows, align=[False, False, False, False])
+
+
+def _short(value, limit=60):
+    text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def explain(lesson, outcome, checks):
+    """Lines saying why a run did not pass, in the learner's words; [] when it passed."""
+    lines = []
+    if outcome.interrupted:
+        how = "Ctrl-C" if outcome.signal in (None, signal.SIGINT) else _signal_name(outcome.signal)
+        return [f"interrupted by {how}: every process of the run was ended"]
+    if outcome.timed_out:
+        lines.append(f"TIMEOUT: {lesson.name} ran past its {outcome.limit:g} s limit; every rank was ended. "
+                     "Where each rank was:")
+        for rank in sorted(outcome.stacks):
+            own, inner = rundir.blocked_at(outcome.stacks[rank])
+            where = f"{own[0]}() at {own[1]}" if own else "?"
+            deeper = f"  (inside {inner[0]}() at {inner[1]})" if inner and inner != own else ""
+            lines.append(f"  rank {rank}: {where}{deeper}")
+        if not outcome.stacks:
+            lines.append("  (no rank answered the stack-dump request: it hung before joining MPI)")
+        return lines
+    # an MPI error on a rank is often only the echo of a peer that died: it names no culprit itself
+    echoes = {r: e for r, e in outcome.errors.items() if e.startswith(MPI_ERROR)}
+    own = {r: e for r, e in outcome.errors.items() if r not in echoes}
+    lines += [f"rank {r} failed: {e}" for r, e in sorted(own.items())]
+    killed = killed_rank(outcome, set(echoes)) if outcome.rc != 0 and not own else None
+    if outcome.launcher:
+        pid, sig = outcome.launcher
+        lines += [f"mpiexec itself (pid {pid}) was killed by {_signal_name(sig)}; the runner ended the "
+                  "ranks it left", "what sent that signal cannot be known from here"]
+    elif killed:
+        lines.append(killed)
+    lines += [f"rank {r} {'then failed (a peer was gone)' if killed else 'failed'}: {e}"
+              for r, e in sorted(echoes.items())]
+    if outcome.rc != 0 and not (outcome.launcher or killed or outcome.errors):
+        last = next((l.strip() for l in reversed(outcome.tail) if l.strip()), "")
+        if outcome.rc == 2 and checks is None:  # a lesson's flag parser or ctx.fail(): one line said why
+            return [f"the lesson refused to run: {last}"]
+        last = traceback_end(outcome.tail) or last
+        lines.append(f"the lesson exited with status {outcome.rc}" + (f": {last}" if last else ""))
+    if outcome.bad_results:
+        lines.append(f"its results file could not be read ({outcome.bad_results}), so nothing was checked")
+    elif checks is None and outcome.rc != 0:
+        lines.append("it ended before writing its results, so nothing could be checked")
+    elif checks is None:
+        lines.append("it exited 0 but wrote no results: the lesson must call report.finish()")
+    else:
+        lines += [f"check failed: {c['name']}: got {_short(c['got'])}, want {c['want']}"
+                  for c in checks if not c["ok"]]
+    return lines
+
+
+MPI_ERROR = "MPI.Exception:"   # how common/watchdog.py writes mpi4py's errors
+_FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_ERROR_LINE = re.compile(r"^(?P<kind>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): ?(?P<msg>.*)$")
+
+
+def traceback_end(tail):
+    """'KindError: message (file:line)' from the last Python traceback in the output (an error raised
+    before the lesson reached MPI, where no rank's error file exists yet), or None."""
+    for i in range(len(tail) - 1, -1, -1):
+        m = _ERROR_LINE.match(tail[i])
+        if not m:
+            continue
+        where = next((f for f in (_FILE_LINE.match(t) for t in reversed(tail[:i])) if f), None)
+        at = f" ({os.path.relpath(where['file'])}:{where['line']})" if where else ""
+        return f"{m['kind']}: {m['msg'].strip()}{at}"
+    return None
+
+
+def killed_rank(outcome, echoes=()):
+    """Which rank ended the run, in words: killed by a signal, or (from hydra's statuses) gone with an
+    exit status of its own while the others were not; None when the launcher's report names none.
+
+    hydra ends the other ranks with SIGKILL once one dies, so with every rank's status (Outcome.statuses)
+    a SIGKILL is the culprit's only when no rank died another way. When several ranks show SIGKILL only,
+    nothing the launcher reports says which died first, and the line says so. Without the statuses, Open
+    MPI's "process rank R ... exited on signal S" is read, or hydra's banner PID (several hosts) is mapped.
+    `echoes`: ranks that left with only an MPI error, the echo of a dead peer; never named the culprit.
+    """
+    statuses = outcome.statuses or []
+    sig_of = {r: s & 0x7F for r, s in enumerate(statuses) if 0 < s & 0x7F < 0x7F}
+    code_of = {r: s >> 8 for r, s in enumerate(statuses) if s & 0x7F == 0 and s >> 8 and r not in echoes}
+    if len(code_of) == len(statuses) > 0 and len(set(code_of.values())) == 1:
+        return None  # every rank left with one status: the lesson's own exit (a refused flag), not one rank's
+    culprits = {r: s for r, s in sig_of.items() if s != signal.SIGKILL}
+    if not culprits and not code_of:
+        culprits = sig_of  # SIGKILL only: the culprit is among them
+        if len(culprits) > 1:
+            who = " and ".join(_rank_pid(outcome, r) for r in sorted(culprits))
+            return (f"{who} were killed by {_signal_name(signal.SIGKILL)}: one of them died and mpiexec ended "
+                    "the others with the same signal; its report cannot tell which came first")
+    parts = [f"{_rank_pid(outcome, r)} was killed by {_signal_name(s)}" for r, s in sorted(culprits.items())]
+    parts += [f"{_rank_pid(outcome, r)} exited with status {c}" for r, c in sorted(code_of.items())]
+    if parts:
+        return "; ".join(parts) + "; mpiexec then ended the other ranks"
+    if statuses:
+        return None  # hydra reported every rank and none ended the run
+    text = "\n".join(outcome.tail)
+    ompi = re.search(r"process rank (\d+) with PID (\d+) on node\s+\S+\s+exited on signal (\d+)", text)
+    if ompi:  # Open MPI names the rank itself (its PID is 0 in some versions: ours is then used)
+        rank, pid, sig = map(int, ompi.groups())
+        who = f"rank {rank} (pid {pid})" if pid else _rank_pid(outcome, rank)
+        return f"{who} was killed by {_signal_name(sig)}; mpirun then ended the other ranks"
+    pid = re.search(r"PID (\d+) RUNNING AT", text)
+    sig = re.search(r"signal (\d+)", text)
+    if not pid:
+        return None
+    by_pid = {p: r for r, p in outcome.pids.items()}
+    who = f"rank {by_pid[int(pid.group(1))]}" if int(pid.group(1)) in by_pid else "a rank"
+    how = f"was killed by {_signal_name(int(sig.group(1)))}" if sig else "ended abnormally"
+    return f"{who} (pid {pid.group(1)}) {how}; mpiexec then ended the other ranks"
+
+
+def _rank_pid(outcome, rank):
+    return f"rank {rank} (pid {outcome.pids[rank]})" if rank in outcome.pids else f"rank {rank}"
+
+
+def _signal_name(sig):
+    name = f" ({signal.Signals(sig).name})" if sig in signal.valid_signals() else ""
+    return f"signal {sig}{name}"
+
+
+def write_junit(path, cases):
+    """A JUnit XML file for CI dashboards: one testcase per lesson x NP x API (outcome None: not run)."""
+    from xml.sax.saxutils import escape, quoteattr
+    failed = sum(not c[4] and c[3] is not None for c in cases)
+    skipped = sum(c[3] is None for c in cases)
+    parts = [f'{files.JUNIT_HEAD} tests="{len(cases)}" failures="{failed}" skipped="{skipped}">']
+    for lesson, n, api, outcome, passed, why in cases:
+        seconds = outcome.seconds if outcome else 0.0
+        parts.append(f'  <testcase classname={quoteattr(lesson.name)} name="np{n}-{api}" time="{seconds:.2f}">')
+        if outcome is None:
+            parts.append(f"    <skipped message={quoteattr(why[0] if why else 'not run')}/>")
+        elif not passed:
+            parts.append(f'    <failure message={quoteattr(why[0] if why else "failed")}>'
+                         f'{escape(chr(10).join(why + outcome.tail[-40:]))}</failure>')
+        parts.append("  </testcase>")
+    parts.append("</testsuite>\n")
+    files.write_new(path, "\n".join(parts), "--junit", "JUnit report", files.is_junit)
