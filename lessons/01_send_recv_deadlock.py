@@ -8,16 +8,20 @@ What to watch for:
      ever reaches its receive: it blocks at any size and any N >= 2. The lesson watches the sends with a
      deadline instead of hanging, reports the call each rank is stuck in, then breaks the cycle by
      posting the receives.
-  3. why a plain Send "sometimes works": small messages go eagerly (copied into a buffer at the
+  3. why a plain Send "sometimes works": small messages may go eagerly (copied into a buffer at the
      receiver), large ones wait for the receiver (rendezvous). The lesson measures, live, the largest
-     message a head-to-head Send completes with no receive posted. That limit depends on the MPI
-     library, its network module and settings; by the standard a Send may block until matched, so a
-     program that relies on it is wrong.
+     message a head-to-head Send completes with no receive posted. That limit is a setting of the
+     MPI library and its transport, not a law; by the standard any Send may block until matched, so
+     a program that relies on buffering is wrong.
   4. three fixes for the ring, each verified and timed: order by rank parity (even ranks send first,
-     odd ranks receive first), Sendrecv, and Isend/Irecv + Waitall. Odd N works too.
-  torch: the same head-to-head exchange with dist.isend (dist.send is isend(...).wait()); gloo may or
-  may not buffer, the lesson shows which. NCCL sends never complete without their receive, and a
-  send/recv pair must be issued inside one group (batch_isend_irecv, or groupStart/groupEnd).
+     odd ranks receive first), Sendrecv, and Isend/Irecv + Waitall. Odd N works too. The parity
+     fix (the exercise) is first run on a communicator that buffers nothing, as the standard allows:
+     every Send waits for its receive, so an order that only works thanks to eager buffering fails
+     here with a clear error, on any MPI and at any size.
+  torch: the same head-to-head exchange with dist.isend (dist.send is isend(...).wait()); whether
+  gloo buffers is measured. NCCL: a send waits on the GPU for its receive; sends and receives that
+  must progress together go in one group (groupStart/groupEnd, or batch_isend_irecv), or are
+  ordered so that every send meets a posted receive (the parity fix works on NCCL too).
 
 Run it:
   make lesson-01 NP=4                       (or API=torch)
@@ -31,9 +35,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, report  # noqa: E402
+from common import bootstrap, report, timing  # noqa: E402
 
-COUNT = 1 << 16          # float64 values per message in the fixes (512 KiB: past any eager limit)
+COUNT = 1 << 16          # float64 values per message (512 KiB: above common default eager limits)
 DEADLINE_S = 0.5         # an unmatched send this old, on every rank at once, is called a deadlock
 PROBE_WAIT_S = 0.05      # how long the eager probe waits for one size to complete on its own
 PROBE_MAX = 1 << 22      # largest message (bytes) the eager probe tries
@@ -89,8 +93,8 @@ def chain(ctx):
 # ---------------------------------------------------------------- 2. the deadlock, watched
 def wait_until(done, seconds):
     """Poll done() until it is true or the deadline passes; True if it completed."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    left = timing.deadline(seconds)
+    while left() > 0:
         if done():
             return True
         time.sleep(0.002)  # yield the core: on a loaded machine the peers need it
@@ -168,12 +172,45 @@ def eager_limit(ctx):
     return limit, None, tried
 
 
+def _land():
+    from mpi4py import MPI
+    return MPI.LAND
+
+
 def mpi_library():
     from mpi4py import MPI
     return " ".join(MPI.Get_library_version().splitlines()[0].split())
 
 
 # ---------------------------------------------------------------- 4. three fixes
+class Unbuffered:
+    """A communicator that buffers nothing, as the MPI standard allows: Send behaves as Ssend (it
+    returns once its receive has started), whatever the size. Each blocking call waits with a
+    deadline, so a cycle of waits stops every rank with one clear error instead of hanging."""
+
+    def __init__(self, comm, seconds):
+        self.comm, self.seconds = comm, seconds
+        self.rank, self.size = comm.rank, comm.size
+
+    def __getattr__(self, name):  # anything else (Sendrecv, Get_rank, Isend ...) is the real call
+        return getattr(self.comm, name)
+
+    def _wait(self, req, call):
+        if not wait_until(req.Test, self.seconds):
+            raise RuntimeError(
+                f"deadlock: rank {self.rank}'s {call} waited {self.seconds:g} s for a matching call that "
+                "never came. An MPI may make any Send wait for its receive: did every rank send first "
+                "(or receive first), or do the partners not match?")
+
+    def Send(self, buf, dest, tag=0):
+        self._wait(self.comm.Issend(buf, dest=dest, tag=tag), f"Send(dest={dest})")
+
+    Ssend = Send
+
+    def Recv(self, buf, source, tag=0, status=None):
+        self._wait(self.comm.Irecv(buf, source=source, tag=tag), f"Recv(source={source})")
+
+
 def parity_mpi(comm, buf, got, left, right):
     """Even ranks send then receive, odd ranks receive then send: every Ssend meets a Recv."""
     # >>> exercise: parity_order
@@ -202,6 +239,14 @@ def fixes_mpi(ctx):
             "Sendrecv": sendrecv, "Isend/Irecv+Waitall": nonblocking}
 
 
+def parity_unbuffered(ctx, count, seconds):
+    """The parity fix once on a communicator that buffers nothing: (the left's data arrived intact)."""
+    n, r = ctx.world_size, ctx.rank
+    got = np.full(count, -1.0)
+    parity_mpi(Unbuffered(ctx.comm, seconds), pattern(r, count), got, (r - 1) % n, (r + 1) % n)
+    return bool(np.array_equal(got, pattern((r - 1) % n, count)))
+
+
 def fixes_nccl(ctx):
     import cupy
     from cupy.cuda import nccl
@@ -219,7 +264,7 @@ def fixes_nccl(ctx):
         stream.synchronize()
 
     def grouped(buf, got, left, right):
-        nccl.groupStart()  # nccl requires it: a send and a recv issued as one operation
+        nccl.groupStart()  # in one group the send and the receive progress together: no order to get wrong
         comm.send(buf.data.ptr, buf.size, f64, right, stream.ptr)
         comm.recv(got.data.ptr, got.size, f64, left, stream.ptr)
         nccl.groupEnd()
@@ -241,7 +286,7 @@ def fixes_torch(ctx):
 
     def batched(buf, got, left, right):
         ops = [dist.P2POp(dist.isend, buf, right), dist.P2POp(dist.irecv, got, left)]
-        for work in dist.batch_isend_irecv(ops):  # on nccl: one group, as nccl requires
+        for work in dist.batch_isend_irecv(ops):  # on nccl: one group, both progress together
             work.wait()
 
     def nonblocking(buf, got, left, right):
@@ -250,7 +295,10 @@ def fixes_torch(ctx):
             work.wait()
 
     fixes = {"parity send/recv": parity, "batch_isend_irecv": batched}
-    if ctx.device != "gpu":  # separate isend/irecv are not grouped: nccl may hang on them
+    # unbatched isend/irecv on nccl queue one after another on a stream: a ring's receive-first waits
+    # for a send queued behind the left neighbour's own receive, so it would hang; gloo runs each
+    # on its own, so it does not
+    if ctx.device != "gpu":
         fixes["isend/irecv+wait"] = nonblocking
     return fixes
 
@@ -265,22 +313,20 @@ def run_fix(ctx, fix, count, repeat):
         buf = torch.from_numpy(pattern(r, count)).to(dev)
         got = torch.full((count,), -1.0, dtype=torch.float64, device=dev)
         to_host = lambda t: t.cpu().numpy()  # noqa: E731
-        sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     elif ctx.device == "gpu":
         import cupy
         buf, got = cupy.asarray(pattern(r, count)), cupy.full(count, -1.0)
         to_host = cupy.asnumpy
-        sync = lambda: None  # noqa: E731  (the nccl fixes synchronize their stream)
     else:
         buf, got = pattern(r, count), np.full(count, -1.0)
-        to_host, sync = np.asarray, (lambda: None)
+        to_host = np.asarray
+    sync = timing.syncer(ctx)  # a gpu call returns before its work is done: time the work, not the launch
     times = []
     for _ in range(repeat):
         ctx.comm.Barrier()
-        t0 = time.perf_counter()
+        t0 = timing.now(sync)
         fix(buf, got, left, right)
-        sync()  # a gpu call returns before its work is done: time the work, not the launch
-        times.append(time.perf_counter() - t0)
+        times.append(timing.now(sync) - t0)
     return statistics.median(times), bool(np.array_equal(to_host(got), want))
 
 
@@ -304,13 +350,22 @@ def main():
     x = chain(ctx)
     report.say(ctx, f"x = {x}   (closed form 2^(r+2) - r - 2 = {2 ** (ctx.rank + 2) - ctx.rank - 2})")
 
-    report.section(ctx, f"2. everyone sends right first (synchronous send, {count * 8} B), then receives")
+    report.section(ctx, f"2. head-to-head: every rank sends {count * 8} B right first, then receives")
+    if ctx.rank == 0:
+        print("the send: " + ("dist.send, which is dist.isend(...).wait(); watched with is_completed()"
+                              if ctx.api == "torch" else
+                              "comm.Ssend, synchronous: it returns once the matching receive has started"),
+              flush=True)
+        if ctx.transport == "nccl":
+            print("nccl: a send waits on the GPU for its receive, so this would hang the stream with no "
+                  "way back;\nthe demo runs " + ("over a gloo group" if ctx.api == "torch" else
+                                                  "over MPI on host buffers"), flush=True)
     if ctx.api == "torch":
         stuck_all, where, arrived, rescued = deadlock_torch(ctx, count, args.deadline)
     else:
         stuck_all, where, arrived, rescued = deadlock_mpi(ctx, count, args.deadline)
     report.say(ctx, f"blocked in {where}" + ("" if arrived is None else
-                    f"; left's message announced (Iprobe): {arrived}"))
+                    f"\n  the left's message is announced (Iprobe): {arrived}"))
     if ctx.rank == 0:
         print("DEADLOCK DETECTED: no rank can proceed, every send waits for a receive nobody posts"
               if stuck_all else "no deadlock: the sends completed without receivers (buffered)")
@@ -318,23 +373,35 @@ def main():
               + ("yes" if ctx.comm.allreduce(rescued) == n else "NO"), flush=True)
     else:
         ctx.comm.allreduce(rescued)
-    if ctx.api == "torch" and ctx.rank == 0:
-        print("nccl: a send completes only when its receive runs, so this head-to-head would hang the "
-              "stream; pair them in one group (batch_isend_irecv / groupStart..groupEnd)", flush=True)
 
-    report.section(ctx, "3. eager or rendezvous: largest head-to-head plain send that completes alone")
+    report.section(ctx, "3. eager or rendezvous: largest head-to-head plain send that completes alone"
+                   + {"nccl": "\n   (over a gloo group)" if ctx.api == "torch" else "\n   (over MPI, host buffers)"}
+                   .get(ctx.transport, ""))
     limit, first_blocked, tried = eager_limit(ctx)
     if ctx.rank == 0:
-        lib = "torch gloo" if ctx.api == "torch" else mpi_library()
-        print(f"{lib}: sends up to {limit} B completed with no receive posted; "
-              + (f"{first_blocked} B waited for the receiver" if first_blocked else
-                 f"every size up to {tried[-1]} B did"))
-        print("this limit differs between MPI libraries, network modules and settings (e.g. UCX_RNDV_THRESH);"
-              "\nthe standard lets any Send block until matched: a program relying on it is erroneous",
-              flush=True)
+        lib = "gloo" if ctx.api == "torch" else mpi_library()
+        if limit == 0:
+            print(f"{lib}: even a {first_blocked} B send waited for its receive: no send was buffered")
+        else:
+            print(f"{lib}: sends up to {limit} B completed with no receive posted;\n  "
+                  + (f"{first_blocked} B waited for the receiver" if first_blocked else
+                     f"every size up to {tried[-1]} B did"))
+        if ctx.api == "mpi4py":
+            print("that limit is a setting of the MPI library and its transport (Open MPI's btl eager "
+                  "limits,\nUCX_RNDV_THRESH, ...), not a law: the standard lets any Send wait until "
+                  "it is matched,\nand calls a program that needs buffering to finish unsafe", flush=True)
 
     report.section(ctx, f"4. three fixes for the ring (send right, receive left), {count} x float64, "
                         f"median of {args.repeat}")
+    unbuffered_ok = None
+    if ctx.api == "mpi4py" and ctx.device == "cpu":
+        seconds = max(2.0, 10 * args.deadline)
+        unbuffered_ok = parity_unbuffered(ctx, count, seconds)
+        everyone = ctx.comm.allreduce(unbuffered_ok, op=_land())
+        if ctx.rank == 0:
+            print("the parity fix on a communicator that buffers nothing (every Send waits for its "
+                  f"receive):\ncompleted, the left's data intact on every rank: {'yes' if everyone else 'NO'}",
+                  flush=True)
     fixes = (fixes_torch(ctx) if ctx.api == "torch" else
              fixes_nccl(ctx) if ctx.device == "gpu" else fixes_mpi(ctx))
     rows, ok_all, results = [], True, {}
@@ -355,7 +422,8 @@ def main():
         print("(timings are noisy on a shared machine; the data check is what matters)", flush=True)
 
     report.finish(ctx, {"chain_value": x, "deadlock_detected": bool(stuck_all),
-                        "rescued_ok": rescued, "fixes_ok": ok_all, "fixes_run": len(fixes)},
+                        "rescued_ok": rescued, "fixes_ok": ok_all, "fixes_run": len(fixes),
+                        "parity_unbuffered_ok": unbuffered_ok},
                   summary={"eager_limit_B": limit, "eager_first_blocked_B": first_blocked,
                            **{f"fix_time_us[{k}]": round(v * 1e6, 1) for k, v in results.items()}})
 
