@@ -149,7 +149,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
                 break
             except subprocess.TimeoutExpired:
                 pass
-            except KeyboardInterrupt:  # not the main thread: no handler of ours, Python's own
+            except KeyboardInterrupt:  # raised by a SIGINT handler other than ours
                 stop.signum = signal.SIGINT
             if stop.signum:
                 out.interrupted, out.signal, out.rc = True, stop.signum, 128 + stop.signum

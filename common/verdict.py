@@ -8,8 +8,6 @@ import signal
 from common import files, rundir
 from common.report import table
 
-STATUSES = ("pass", "fail", "timeout", "crash", "interrupted")
-
 
 def status(outcome, checks):
     """The run's verdict as one word (GUIDE §3, Verdicts); `blocked` runs never launch."""
