@@ -4,19 +4,24 @@ What to watch for:
   1. a halo (ghost cell) exchange on a ring of ranks: each rank owns LOCAL cells of a global line and
      keeps HALO copies of each neighbour's edge. All four transfers are posted (Irecv, Isend), then one
      Waitall. The ghost values are checked against the global index they must hold.
-  2. the two hazards of a posted request: the receive buffer is not valid before the wait (the lesson
-     reads it early and sees the old contents), and the send buffer must not be written before the
-     wait (the lesson overwrites it and shows what the receiver got: undefined by the standard).
-  3. overlap, measured: exchange a large message (rendezvous) and compute, four ways:
-       (a) blocking exchange, then compute
+  2. the two hazards of a posted request: a receive buffer is undefined until the wait (the lesson
+     reads it right after posting and again after the matching send was posted, and shows what it
+     found: old contents, new, or part of each), and a send buffer must not be written before the
+     wait (the lesson overwrites it and shows what the receiver got: undefined as well).
+  3. overlap, measured: exchange a large message and compute, four ways, interleaved run by run:
+       (a) blocking exchange, then compute: no overlap by construction, the control
        (b) post, compute, wait
-       (c) post, compute in slices with Test between slices
-       (d) (b) again in a second run with MPICH's progress thread (MPIR_CVAR_ASYNC_PROGRESS=1)
-     overlap = (comm + compute - time) / min(comm, compute): 0 means none, 1 means all hidden.
-     Posting a request does not move the data: with MPI, a large message moves only while some rank
-     is inside an MPI call (progress). (c) gives it those calls; (d) gives it a thread. torch's gloo
-     runs p2p on its own threads. On a GPU, NCCL runs on its own stream and copy engines, so compute
-     on another stream overlaps it; the lesson measures that on GPU paths.
+       (c) post, compute in slices with a test of the requests between slices
+       (d) (b) again in a second MPICH job with a progress thread (MPIR_CVAR_ASYNC_PROGRESS=1)
+     overlap = (comm + compute - time) / min(comm, compute): 0 means none, 1 means all hidden; (a)'s
+     value is this run's noise, and a mode counts as overlapping only above it. Time is shown too:
+     a mode can overlap well and still take longer.
+     Why, per transport: MPI moves a large (rendezvous) message only while a rank is inside an MPI
+     call, or on a progress thread; on one node MPICH moves it by memory copies that the ranks' own
+     CPUs make inside those calls, so (c)'s Tests cannot hide the copy, only waiting for a partner.
+     gloo moves point-to-point data on threads of its own, and is_completed() only asks. NCCL moves
+     it with kernels on the GPU's SMs; compute kernels on another stream share the SMs and memory
+     bandwidth with them, so overlap is partial at best.
 
 Run it:
   make lesson-02 NP=4                       (or API=torch)
@@ -30,15 +35,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, report  # noqa: E402
+from common import bootstrap, report, timing  # noqa: E402
 
 LOCAL = 1000             # cells each rank owns
 HALO = 4                 # ghost cells on each side
-BIG = 1 << 19            # float64 values in the overlap message (4 MiB: rendezvous on any MPI)
+BIG = 1 << 19            # float64 values in the overlap message (4 MiB: above common eager limits)
 REPEAT = 5               # timed runs of each overlap mode; the median is reported
 SLICE = 1 << 15          # float64 values one compute slice works on
 TO_LEFT, TO_RIGHT = 21, 22  # tags: with 2 ranks the left and right neighbour are the same rank
@@ -106,26 +112,37 @@ def halo(ctx):
         u = cupy.asnumpy(g)
     else:
         halo_mpi(ctx.comm, u, left, right)
-    return u[:HALO], u[-HALO:]
+    return u[:HALO].copy(), u[-HALO:].copy()  # what the ghosts hold now, when the exchange returned
 
 
 # ---------------------------------------------------------------- 2. hazards (host buffers)
+def contents(a, old, new):
+    """'old', 'new' or 'part new': what buffer `a` holds, every item compared."""
+    if np.all(a == old):
+        return "old"
+    return "new" if np.all(a == new) else "part new"
+
+
 def hazards(ctx, count):
-    """(value read before the wait, value after it, what the receiver got after the sender
-    overwrote its posted send buffer: 'new' or 'old')."""
+    """What a posted receive buffer held right after posting and after the matching send was posted
+    (both before the wait), what it held after the wait, and what the receiver got from a send buffer
+    overwritten before its wait."""
     comm, n, r = ctx.comm, ctx.world_size, ctx.rank
     left, right = (r - 1) % n, (r + 1) % n
     got = np.full(count, -1.0)
+    mine = np.full(count, float(r))
     if ctx.api == "torch":
         torch, dist = torch_mods(ctx)
         group = dist.new_group(backend="gloo") if ctx.device == "gpu" else None
         got_t = torch.from_numpy(got)
         recv = dist.irecv(got_t, src=left, group=group, tag=TO_RIGHT)
-        early = float(got[0])                    # hazard 1: read before recv.wait()
-        comm.Barrier()                           # nobody sends before every rank has peeked
-        dist.send(torch.full((count,), float(r), dtype=torch.float64), dst=right, group=group, tag=TO_RIGHT)
+        early = contents(got, -1.0, left)        # hazard 1: read before recv.wait()
+        send = dist.isend(torch.from_numpy(mine), dst=right, group=group, tag=TO_RIGHT)
+        comm.Barrier()                           # every send is posted; gloo's threads move them
+        later = contents(got, -1.0, left)        # still before recv.wait()
         recv.wait()
-        after = float(got[0])
+        send.wait()
+        after = contents(got, -1.0, left)
         buf = torch.full((count,), 1.0, dtype=torch.float64)
         send = dist.isend(buf, dst=right, group=group, tag=TO_LEFT)
         buf.fill_(2.0)                           # hazard 2: written before send.wait()
@@ -135,20 +152,18 @@ def hazards(ctx, count):
     else:
         from mpi4py import MPI
         req = comm.Irecv(got, source=left, tag=TO_RIGHT)
-        early = float(got[0])                    # hazard 1: read before req.Wait()
-        comm.Barrier()                           # nobody sends before every rank has peeked
-        comm.Send(np.full(count, float(r)), dest=right, tag=TO_RIGHT)
-        req.Wait()
-        after = float(got[0])
+        early = contents(got, -1.0, left)        # hazard 1: read before req.Wait()
+        sreq = comm.Isend(mine, dest=right, tag=TO_RIGHT)
+        comm.Barrier()                           # every send is posted, and MPI made progress inside
+        later = contents(got, -1.0, left)        # still before req.Wait()
+        MPI.Request.Waitall([req, sreq])
+        after = contents(got, -1.0, left)
         buf = np.full(count, 1.0)
         req = comm.Isend(buf, dest=right, tag=TO_LEFT)
         buf[:] = 2.0                             # hazard 2: written before req.Wait()
         comm.Barrier()
         MPI.Request.Waitall([comm.Irecv(got, source=left, tag=TO_LEFT), req])
-    seen = {1.0: "old", 2.0: "new"}.get(float(got[0]), "mixed")
-    if seen != "mixed" and not np.all(got == got[0]):
-        seen = "mixed"
-    return early, after, seen
+    return early, later, after, contents(got, 1.0, 2.0)
 
 
 # ---------------------------------------------------------------- 3. overlap
@@ -159,7 +174,7 @@ def backend_cpu_mpi(ctx, count):
     sbuf, rbuf, work = np.ones(count), np.empty(count), np.ones(SLICE)
     post = lambda: [comm.Irecv(rbuf, source=(r - 1) % n), comm.Isend(sbuf, dest=(r + 1) % n)]  # noqa
     return dict(post=post, wait=MPI.Request.Waitall, test=MPI.Request.Testall,
-                compute=lambda k: [np.sin(work, out=work) for _ in range(k)], sync=lambda: None)
+                compute=lambda k: [np.sin(work, out=work) for _ in range(k)])
 
 
 def backend_torch(ctx, count):
@@ -167,16 +182,15 @@ def backend_torch(ctx, count):
     n, r = ctx.world_size, ctx.rank
     gpu = ctx.device == "gpu"
     dev = "cuda" if gpu else "cpu"
-    sbuf, rbuf = torch.ones(count, dtype=torch.float64, device=dev), torch.empty(count, dtype=torch.float64, device=dev)
+    sbuf = torch.ones(count, dtype=torch.float64, device=dev)
+    rbuf = torch.empty(count, dtype=torch.float64, device=dev)
     if gpu:
         a = torch.ones(1024, 1024, device=dev)
         c = torch.empty_like(a)
         compute = lambda k: [torch.matmul(a, a, out=c) for _ in range(k)]  # noqa: E731
-        sync = torch.cuda.synchronize
     else:
         work = torch.ones(SLICE, dtype=torch.float64)
         compute = lambda k: [torch.sin(work, out=work) for _ in range(k)]  # noqa: E731
-        sync = lambda: None  # noqa: E731
 
     def post():
         return dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, (r + 1) % n),
@@ -184,11 +198,10 @@ def backend_torch(ctx, count):
 
     def wait(works):
         for w in works:
-            w.wait()
-        sync()  # on nccl, wait() only orders the streams: the host syncs here
+            w.wait()  # on nccl, wait() only orders the streams; the clock's sync waits for the GPU
 
     return dict(post=post, wait=wait, test=lambda works: all(w.is_completed() for w in works),
-                compute=compute, sync=sync)
+                compute=compute)
 
 
 def backend_nccl(ctx, count):
@@ -199,6 +212,10 @@ def backend_nccl(ctx, count):
     sbuf, rbuf = cupy.ones(count), cupy.empty(count)
     a = cupy.ones((1024, 1024), dtype=cupy.float32)
     c = cupy.empty_like(a)
+    # sbuf was filled by a kernel on the current stream, and a non_blocking stream does not wait for
+    # it: without this, nccl could send sbuf before the fill ran. The event marks the fill's end.
+    filled = cupy.cuda.get_current_stream().record()
+    comm_stream.wait_event(filled)
 
     def post():
         nccl.groupStart()
@@ -211,100 +228,60 @@ def backend_nccl(ctx, count):
         for _ in range(k):
             cupy.matmul(a, a, out=c)  # on the current (default) stream, not comm_stream
 
-    sync = cupy.cuda.get_current_stream().synchronize
-    return dict(post=post, wait=lambda s: s.synchronize(), test=lambda s: s.done,
-                compute=compute, sync=sync)
+    return dict(post=post, wait=lambda s: s.synchronize(), test=lambda s: s.done, compute=compute)
 
 
 def sliced(b, slices):
     works = b["post"]()
     for _ in range(slices):
         b["compute"](1)
-        b["test"](works)     # each Test lets the library move the message a little further
+        b["test"](works)     # MPI: progress happens inside Test; gloo, nccl: it only asks
     b["wait"](works)
 
 
 MODES = {  # name -> what one timed run does
     "comm only": lambda b, k: b["wait"](b["post"]()),
     "compute only": lambda b, k: b["compute"](k),
-    "(a) blocking, then compute": lambda b, k: (b["wait"](b["post"]()), b["compute"](k)),
+    "(a) blocking, then compute (control)": lambda b, k: (b["wait"](b["post"]()), b["compute"](k)),
     "(b) post, compute, wait": lambda b, k: (lambda w: (b["compute"](k), b["wait"](w)))(b["post"]()),
     "(c) post, compute + Test per slice": sliced,
 }
 
 
-def timed(ctx, b, mode, slices, repeat):
-    """Median over `repeat` runs of the slowest rank's time for one mode."""
+def timed(ctx, b, modes, slices, repeat):
+    """{mode: median over `repeat` rounds of the slowest rank's seconds}; each round runs every mode
+    once, so a slow spell of a shared machine falls on all modes alike."""
     from mpi4py import MPI
-    times = []
+    sync = timing.syncer(ctx)  # a GPU call returns once queued: the clock waits for the work
+    times = {m: [] for m in modes}
     for _ in range(repeat):
-        ctx.comm.Barrier()
-        t0 = time.perf_counter()
-        MODES[mode](b, slices)
-        b["sync"]()
-        times.append(ctx.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return statistics.median(times)
+        for mode in modes:
+            ctx.comm.Barrier()
+            t0 = timing.now(sync)
+            MODES[mode](b, slices)
+            times[mode].append(ctx.comm.allreduce(timing.now(sync) - t0, op=MPI.MAX))
+    return {m: statistics.median(t) for m, t in times.items()}
 
 
-def measure_overlap(ctx, count, repeat, modes):
-    """{mode: seconds} with the compute calibrated to last about as long as the exchange."""
+def measure_overlap(ctx, count, repeat, modes, slices=None):
+    """{mode: seconds} with the compute calibrated to last about as long as the exchange (or given)."""
     from mpi4py import MPI
     b = (backend_torch(ctx, count) if ctx.api == "torch" else
          backend_nccl(ctx, count) if ctx.device == "gpu" else backend_cpu_mpi(ctx, count))
     MODES["comm only"](b, 0)  # warm-up: connections, registration
-    t_comm = timed(ctx, b, "comm only", 0, repeat)
-    t_slice = timed(ctx, b, "compute only", 10, repeat) / 10  # ten slices: less timer noise
-    slices = ctx.comm.allreduce(int(min(2000, max(1, round(t_comm / max(t_slice, 1e-7))))), op=MPI.MAX)
-    out = {"comm only": t_comm, "compute only": timed(ctx, b, "compute only", slices, repeat)}
-    for mode in modes:
-        out[mode] = timed(ctx, b, mode, slices, repeat)
-    return out, slices
+    if not slices:
+        t_comm = timed(ctx, b, ["comm only"], 0, repeat)["comm only"]
+        t_slice = timed(ctx, b, ["compute only"], 10, repeat)["compute only"] / 10  # ten: less noise
+        slices = ctx.comm.allreduce(int(min(2000, max(1, round(t_comm / max(t_slice, 1e-7))))), op=MPI.MAX)
+    return timed(ctx, b, ["comm only", "compute only", *modes], slices, repeat), slices
+
+
+CONTROL, D_MODE = "(a) blocking, then compute (control)", "(d) (b) with MPICH async progress"
 
 
 def overlap_of(t, t_comm, t_comp):
     """Share of the shorter part hidden behind the longer: 0 none, 1 all."""
     return (t_comm + t_comp - t) / min(t_comm, t_comp)
-
-
-def async_progress_run(ctx, args):
-    """Mode (d): rerun (b) in a fresh MPICH job with its progress thread on. Rank 0 launches it;
-    the other ranks wait without spinning. Returns {mode: seconds} or a reason it was not run."""
-    from mpi4py import MPI
-    reason, result = None, None
-    if ctx.rank == 0:
-        launcher = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-        if args.async_progress == "skip":
-            reason = "skipped (--async-progress skip)"
-        elif "MPICH" not in MPI.Get_library_version():
-            reason = "not MPICH: MPIR_CVAR_ASYNC_PROGRESS does not apply"
-        elif not launcher:
-            reason = "no mpiexec beside this python"
-        else:
-            result, reason = launch_async_child(ctx, args, launcher)
-    done = MPI.COMM_WORLD.Ibarrier()
-    while not done.Test():
-        time.sleep(0.01)  # leave the cores to the child job
-    return ctx.comm.bcast((result, reason), root=0)
-
-
-def launch_async_child(ctx, args, launcher):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPICH_", "TUTOR_"))}
-    env["MPIR_CVAR_ASYNC_PROGRESS"] = "1"  # a progress thread per rank, started at MPI_Init
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "overlap.json")
-        cmd = [launcher, "-n", str(ctx.world_size), sys.executable, "-m", "mpi4py", os.path.abspath(__file__),
-               "--api", "mpi4py", "--device", "cpu", "--big", str(args.big), "--repeat", str(args.repeat),
-               "--overlap-only", out]
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            return None, "the async-progress run took over 60 s and was stopped"
-        if proc.returncode != 0 or not os.path.exists(out):
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"the async-progress run failed: {last}"
-        with open(out) as f:
-            return json.load(f), None
 
 
 def main():
@@ -316,14 +293,16 @@ def main():
     parser.add_argument("--async-progress", choices=["run", "skip"], default="run",
                         help="mode (d): rerun (b) in a second MPICH job with a progress thread")
     parser.add_argument("--overlap-only", metavar="PATH", help=argparse_hidden())
+    parser.add_argument("--slices", type=bootstrap.nonneg_int, help=argparse_hidden())
     args, ctx = bootstrap.start(__file__, parser)
     n = ctx.world_size
     if n < 2:
         ctx.fail("needs at least 2 ranks: a neighbour exchange needs neighbours (try -n 2)")
     if args.big < 1 or args.repeat < 1:
         ctx.fail("--big and --repeat must be at least 1")
-    if args.overlap_only:  # the child job of mode (d): only (b), results to a file
-        times, slices = measure_overlap(ctx, args.big, args.repeat, ["(b) post, compute, wait"])
+    if args.overlap_only:  # the child job of mode (d): (a) and (b) with the parent's compute, to a file
+        times, slices = measure_overlap(ctx, args.big, args.repeat, [CONTROL, "(b) post, compute, wait"],
+                                        slices=args.slices)
         if ctx.rank == 0:
             report.write_json(args.overlap_only, {"times": times, "slices": slices})
         report.finish(ctx, {})
@@ -334,55 +313,157 @@ def main():
     gl, gr = halo(ctx)
     report.say(ctx, f"left ghosts {gl.astype(int).tolist()}  right ghosts {gr.astype(int).tolist()}")
 
-    report.section(ctx, f"2. hazards, on host buffers of {args.big * 8} B")
-    early, after, seen = hazards(ctx, args.big)
-    report.say(ctx, f"receive buffer read before the wait: {early:g} (stale); after: {after:g} "
-                    f"(the left rank's id); overwritten send buffer arrived as: {seen}")
+    over = " (over MPI)" if ctx.api == "mpi4py" else " (a gloo group)"
+    report.section(ctx, f"2. hazards, on host buffers of {args.big * 8} B"
+                   + (over if ctx.transport == "nccl" else ""))
+    early, later, after, seen = hazards(ctx, args.big)
+    found = ctx.comm.gather((early, later, after, seen), root=0)
     if ctx.rank == 0:
-        print("the receiver saw the sender's late write ('new') or not ('old'): the standard leaves it "
-              "undefined,\nso never touch a posted send buffer, nor read a posted receive buffer, "
-              "before the wait", flush=True)
+        def tally(i):
+            return ", ".join(f"{what} on {k}" for what, k in sorted(Counter(f[i] for f in found).items()))
+        print(f"a posted receive buffer, read right after posting: {tally(0)}\n"
+              f"  read again after a barrier, the send posted, still before the wait: {tally(1)}\n"
+              f"  read after the wait: {tally(2)}\n"
+              f"a send buffer overwritten before its wait arrived as: {tally(3)}  (of {n} ranks)")
+        filled = any(f[1] != "old" for f in found)
+        if ctx.api == "torch":
+            print("gloo's threads write a posted receive buffer whenever the data arrives"
+                  + (" (before the wait here)" if filled else "") + ":\nit is undefined until wait(), "
+                  "and a tensor handed to isend must not be written until wait() either.", flush=True)
+        else:
+            print("MPI may write a posted receive buffer inside any MPI call before the wait"
+                  + (" (here, the barrier)" if filled else "") + ":\nit is undefined until the wait; and "
+                  "the standard forbids writing a posted send buffer\nbefore its wait.", flush=True)
 
     modes = [m for m in MODES if m.startswith("(")]
     report.section(ctx, f"3. overlap: exchange {args.big * 8} B with each neighbour while computing, "
                         f"median of {args.repeat}")
     times, slices = measure_overlap(ctx, args.big, args.repeat, modes)
-    d_reason = "n/a: gloo already runs p2p on its own threads" if ctx.api == "torch" else \
-        "n/a: on GPU, NCCL progresses on its own stream" if ctx.device == "gpu" else None
-    d_ref = None
+    d_reason = "n/a: MPICH's progress thread is for MPI; gloo moves p2p on its own threads" \
+        if ctx.api == "torch" else "n/a: MPICH's progress thread does not drive NCCL's kernels" \
+        if ctx.device == "gpu" else None
+    child = None
     if d_reason is None:
-        child, d_reason = async_progress_run(ctx, args)
+        child, d_reason = async_progress_run(ctx, args, slices)
         if child:
-            # the child's own comm/compute times: its progress thread changes both
-            ct = child["times"]
-            times["(d) (b) with MPICH async progress"] = ct["(b) post, compute, wait"]
-            d_ref = (ct["comm only"], ct["compute only"])
-    t_comm, t_comp = times["comm only"], times["compute only"]
-    rows, overlap = [], {}
-    for mode, t in times.items():
-        ref = d_ref if mode.startswith("(d)") else (t_comm, t_comp)
-        ov = overlap_of(t, *ref) if mode.startswith("(") else None
-        overlap[mode[:3]] = ov
-        rows.append([mode, round(t * 1e6, 1), "" if ov is None else f"{ov:+.2f}"])
+            times[D_MODE] = child["times"]["(b) post, compute, wait"]
+    ref = (times["comm only"], times["compute only"])
+    overlap = {m[:3]: overlap_of(t, *ref) for m, t in times.items() if m.startswith("(")}
+    if child:  # (d) against its own job's comm and compute: its progress thread changes both
+        ct = child["times"]
+        overlap["(d)"] = overlap_of(times[D_MODE], ct["comm only"], ct["compute only"])
+    t_a = times[CONTROL]
+    rows = [[m, round(t * 1e6, 1), f"{t / t_a:.2f}" if m.startswith("(") else "",
+             f"{overlap[m[:3]]:+.2f}" if m.startswith("(") else ""] for m, t in times.items()]
     if ctx.rank == 0:
-        print(f"compute = {slices} slices, calibrated to last about as long as the exchange")
-        print(report.table(["mode", "time us", "overlap"], rows, align=[False, True, True]))
-        if d_reason:
-            print(f"(d) {d_reason}")
+        print(f"compute = {slices} slice(s), calibrated to last about as long as the exchange; "
+              "rounds interleave the modes")
+        print(report.table(["mode", "time us", "x (a)", "overlap"], rows, align=[False, True, True, True]))
+        print("overlap = (comm + compute - time) / min(comm, compute): 0 none, 1 all hidden. (a) cannot\n"
+              f"overlap, so its value ({overlap['(a)']:+.2f}) is how far off this measure is in this run.")
+        if child:
+            ct = child["times"]
+            print(f"(d) ran as a job of its own: its overlap is against that job's comm only "
+                  f"{ct['comm only'] * 1e6:.0f} us and compute\nonly {ct['compute only'] * 1e6:.0f} us "
+                  f"(its control (a): {overlap_of(ct[CONTROL], ct['comm only'], ct['compute only']):+.2f}); "
+                  f"its time is {times[D_MODE] / times['(b) post, compute, wait']:.2f} x (b)'s.")
         else:
-            print(f"(d)'s overlap is against that job's own comm only {d_ref[0] * 1e6:.1f} us and compute "
-                  f"only {d_ref[1] * 1e6:.1f} us:\n    compare its time with (b)'s too")
-        print("overlap = (comm + compute - time) / min(comm, compute); below about 0.2 is noise, not overlap.\n"
-              "posting Isend/Irecv does not move a rendezvous message: MPI moves it only inside MPI calls\n"
-              "(c's Test, the final Wait) or on a progress thread (d). on a loaded 2-core machine a\n"
-              "progress thread competes with the compute for a core, so (d) may not help here.", flush=True)
+            print(f"(d) {d_reason}")
+        for line in why_overlap(ctx) + what_was_seen(times, overlap, child):
+            print(line)
+        sys.stdout.flush()
 
     report.finish(ctx, {"ghost_left_first": float(gl[0]), "ghost_left_sum": float(gl.sum()),
                         "ghost_right_first": float(gr[0]), "ghost_right_sum": float(gr.sum()),
-                        "early_read": early, "after_wait": after, "overwritten_send_seen": seen},
+                        "early_read": early, "read_after_barrier": later, "after_wait": after,
+                        "overwritten_send_seen": seen},
                   summary={"compute_slices": slices, "async_progress": d_reason or "run",
                            **{f"time_us{k}": round(t * 1e6, 1) for k, t in times.items()},
-                           **{f"overlap{k}": v for k, v in overlap.items() if v is not None}})
+                           **{f"overlap{k}": v for k, v in overlap.items()}})
+
+
+def why_overlap(ctx):
+    """What moves the bytes on this run's transport, said for this transport only."""
+    if ctx.transport == "mpi":
+        from mpi4py import MPI
+        lines = ["why (MPI): a rendezvous message moves only while a rank is inside an MPI call",
+                 "  (progress: (c)'s Test, the final Wait) or on a progress thread (d); posting alone",
+                 "  does not move it."]
+        if ctx.single_node and "MPICH" in MPI.Get_library_version():
+            lines += ["  on one node MPICH moves it by memory copies that the ranks' own CPUs make inside "
+                      "those calls:", "  a copy cannot overlap the compute of the rank making it; what "
+                      "(c)'s Tests can hide is time", "  a rank would spend waiting for its partner's "
+                      "calls and copies."]
+        return lines
+    if ctx.transport == "gloo":
+        return ["why (gloo): gloo moves point-to-point data on threads of its own, so (b) can overlap "
+                "when a core", "  is free for them; is_completed() in (c) only asks, it moves nothing."]
+    return ["why (nccl): NCCL moves the data with kernels on the GPU's SMs; compute kernels on another "
+            "stream", "  share the SMs and the memory bandwidth with them, so overlap is partial at best; "
+            "a stream", "  query in (c) only asks, it moves nothing."]
+
+
+NOISE_MARGIN = 0.2  # an overlap must stand this far above the control's |overlap| to count
+
+
+def what_was_seen(times, overlap, child):
+    """One line per mode, saying what the numbers show and no more. (d) is held to its own job's control."""
+    lines = []
+    for mode, t in times.items():
+        key = mode[:3]
+        if key == "(a)" or not mode.startswith("("):
+            continue
+        ov, control = overlap[key], overlap["(a)"]
+        if key == "(d)":
+            ct = child["times"]
+            control = overlap_of(ct[CONTROL], ct["comm only"], ct["compute only"])
+        bar = abs(control) + NOISE_MARGIN
+        verdict = (f"above |(a)| + {NOISE_MARGIN} = {bar:.2f}: overlap measured" if ov > bar else
+                   f"not above |(a)| + {NOISE_MARGIN} = {bar:.2f}: no overlap measured")
+        lines.append(f"seen: {key} overlap {ov:+.2f}, {verdict}; time {t / times[CONTROL]:.2f} x (a)")
+    return lines
+
+
+def async_progress_run(ctx, args, slices):
+    """Mode (d): rerun (a) and (b) in a fresh MPICH job with its progress thread on, with the same
+    compute. Rank 0 launches it; the other ranks wait without spinning. Returns (results, None) or
+    (None, the reason it was not run)."""
+    from mpi4py import MPI
+    reason, result = None, None
+    if ctx.rank == 0:
+        launcher = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+        if args.async_progress == "skip":
+            reason = "skipped (--async-progress skip)"
+        elif "MPICH" not in MPI.Get_library_version():
+            reason = "not MPICH: MPIR_CVAR_ASYNC_PROGRESS does not apply"
+        elif not launcher:
+            reason = "no mpiexec beside this python"
+        else:
+            result, reason = launch_async_child(ctx, args, launcher, slices)
+    done = MPI.COMM_WORLD.Ibarrier()
+    while not done.Test():
+        time.sleep(0.01)  # leave the cores to the child job
+    return ctx.comm.bcast((result, reason), root=0)
+
+
+def launch_async_child(ctx, args, launcher, slices):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPICH_", "TUTOR_"))}
+    env["MPIR_CVAR_ASYNC_PROGRESS"] = "1"  # a progress thread per rank, started at MPI_Init
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "overlap.json")
+        cmd = [launcher, "-n", str(ctx.world_size), sys.executable, "-m", "mpi4py", os.path.abspath(__file__),
+               "--api", "mpi4py", "--device", "cpu", "--big", str(args.big), "--repeat", str(args.repeat),
+               "--overlap-only", out, "--slices", str(slices)]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return None, "the async-progress run took over 60 s and was stopped"
+        if proc.returncode != 0 or not os.path.exists(out):
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return None, f"the async-progress run failed: {last}"
+        with open(out) as f:
+            return json.load(f), None
 
 
 def argparse_hidden():
