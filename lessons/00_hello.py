@@ -119,8 +119,8 @@ def main():
         "only they, must share a color (a group)")
 
     report.finish(ctx, {"world_size": n, "api_rank": my_id, "sub_rank": sub_rank,
-                        "local_rank": ctx.local_rank, "host": ctx.host, "device": ctx.device, "transport": ctx.transport, "rank_sum": rank_sum,
-                        "half": half, "half_sum": half_sum},
+                        "local_rank": ctx.local_rank, "host": ctx.host, "device": ctx.device,
+                        "transport": ctx.transport, "rank_sum": rank_sum, "half": half, "half_sum": half_sum},
                   summary={"halves": 2 if n > 1 else 1, "distinct_ids": distinct})
 
 

@@ -374,9 +374,9 @@ def main():
     else:
         ctx.comm.allreduce(rescued)
 
+    where = "a gloo group" if ctx.api == "torch" else "MPI, host buffers"
     report.section(ctx, "3. eager or rendezvous: largest head-to-head plain send that completes alone"
-                   + {"nccl": "\n   (over a gloo group)" if ctx.api == "torch" else "\n   (over MPI, host buffers)"}
-                   .get(ctx.transport, ""))
+                   + (f"\n   (over {where})" if ctx.transport == "nccl" else ""))
     limit, first_blocked, tried = eager_limit(ctx)
     if ctx.rank == 0:
         lib = "gloo" if ctx.api == "torch" else mpi_library()
@@ -400,7 +400,8 @@ def main():
         everyone = ctx.comm.allreduce(unbuffered_ok, op=_land())
         if ctx.rank == 0:
             print("the parity fix on a communicator that buffers nothing (every Send waits for its "
-                  f"receive):\ncompleted, the left's data intact on every rank: {'yes' if everyone else 'NO'}",
+                  "receive):\ncompleted, the left's data intact on every rank: "
+                  + ("yes" if everyone else "NO"),
                   flush=True)
     fixes = (fixes_torch(ctx) if ctx.api == "torch" else
              fixes_nccl(ctx) if ctx.device == "gpu" else fixes_mpi(ctx))

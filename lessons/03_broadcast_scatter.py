@@ -232,7 +232,7 @@ def bcast_then_slice(ctx, wire, data, big, root, meter):
     tree_broadcast(ctx, wire, full, root)
     a = displs[ctx.rank]
     mine = buffers.empty(ctx, counts[ctx.rank], np.float32)
-    mine[:] = full[a:a + counts[ctx.rank]]  # a copy, so the full array could be freed; until then both are held
+    mine[:] = full[a:a + counts[ctx.rank]]  # a copy, so `full` could be freed; until then both are held
     meter.sample()
     return mine
 
@@ -381,10 +381,10 @@ def main():
                   f"scatter {wire_B['scatter']} B = the\narray less the root's piece: {byte_gap:.2f}x "
                   f"(N = {n}). A broadcast by any algorithm must bring every non-root\nthe whole "
                   "array; a scatter brings it its piece.")
-            print(f"time, slowest rank, median of {args.reps}: by hand bcast+slice {hand_us['bcast+slice']:.0f} us, "
-                  f"scatter {hand_us['scatter']:.0f} us ({time_gap:.2f}x);\nthe library's broadcast + "
-                  f"slice {lib_us['bcast+slice']:.0f} us, its scatter {lib_us['scatter']:.0f} us "
-                  f"({lib_us['bcast+slice'] / lib_us['scatter']:.2f}x).")
+            print(f"time, slowest rank, median of {args.reps}: by hand bcast+slice "
+                  f"{hand_us['bcast+slice']:.0f} us, scatter {hand_us['scatter']:.0f} us ({time_gap:.2f}x);"
+                  f"\nthe library's broadcast + slice {lib_us['bcast+slice']:.0f} us, "
+                  f"its scatter {lib_us['scatter']:.0f} us ({lib_us['bcast+slice'] / lib_us['scatter']:.2f}x).")
             if time_gap < byte_gap and senders > 1:
                 print(f"the time gap is below the byte gap: the tree's bytes leave {senders} ranks, "
                       "several at once in its\nlater rounds, while the scatter's all leave the root.")
