@@ -1,0 +1,98 @@
+"""Unit tests of lessons 00-04's pure helpers: no MPI, each lesson loaded as a module (conftest)."""
+import types
+
+import numpy as np
+import pytest
+
+from common.shards import counts_displs
+from conftest import load_lesson
+
+L01 = load_lesson("01_send_recv_deadlock.py")
+L02 = load_lesson("02_isend_irecv.py")
+L03 = load_lesson("03_broadcast_scatter.py")
+L04 = load_lesson("04_allgather_softmax_l2.py")
+
+
+# ---- 01: the communicator that buffers nothing
+class Request:
+    def __init__(self, done):
+        self.done = done
+
+    def Test(self):
+        return self.done
+
+
+def test_unbuffered_send_waits_for_its_receive_and_says_deadlock():
+    calls = []
+    comm = types.SimpleNamespace(rank=1, size=2, Issend=lambda buf, dest, tag: calls.append("Issend") or Request(False),
+                                 Irecv=lambda buf, source, tag: Request(True))
+    strict = L01.Unbuffered(comm, 0.05)
+    strict.Recv(None, source=0, tag=1)                      # a matched receive returns
+    with pytest.raises(RuntimeError, match=r"deadlock: rank 1's Send\(dest=0\) waited 0.05 s"):
+        strict.Send(None, dest=0, tag=1)                    # a plain Send is held to Ssend's rule
+    assert calls == ["Issend"]
+
+
+# ---- 02: what a buffer holds
+def test_contents_tells_old_new_and_part():
+    assert L02.contents(np.full(4, -1.0), -1.0, 3.0) == "old"
+    assert L02.contents(np.full(4, 3.0), -1.0, 3.0) == "new"
+    assert L02.contents(np.array([3.0, 3.0, -1.0, -1.0]), -1.0, 3.0) == "part new"
+    assert L02.contents(np.full(4, 7.0), -1.0, 3.0) == "part new"   # a wrong message is not "new"
+
+
+def test_a_mode_counts_as_overlapping_only_above_the_control():
+    times = {"comm only": 1.0, "compute only": 1.0, L02.CONTROL: 2.0, "(b) post, compute, wait": 1.5}
+    overlap = {"(a)": 0.0, "(b)": 0.5}
+    (line,) = L02.what_was_seen(times, overlap, None)
+    assert "overlap measured" in line and "0.75 x (a)" in line
+    overlap = {"(a)": -0.4, "(b)": 0.5}                     # a noisy control raises the bar to 0.6
+    (line,) = L02.what_was_seen(times, overlap, None)
+    assert "no overlap measured" in line
+
+
+# ---- 03: shard sizes, the tree broadcast's schedule
+@pytest.mark.parametrize("count, n", [(10, 4), (0, 3), (3, 4), (65536, 3), (7, 7), (1, 1)])
+def test_shard_sizes_is_the_kits_convention(count, n):
+    assert L03.shard_sizes(count, n) == tuple(map(list, counts_displs(count, n)))
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+@pytest.mark.parametrize("root_of", [lambda n: 0, lambda n: n - 1, lambda n: n // 2])
+def test_tree_broadcast_reaches_every_rank_once_from_a_holder(n, root_of):
+    root = root_of(n)
+    rounds = {}  # rank -> [(kind, peer)] in order
+    for rank in range(n):
+        ops = []
+        wire = types.SimpleNamespace(group=lambda sends, recvs, ops=ops: ops.append(
+            ("send", sends[0][1]) if sends else ("recv", recvs[0][1])))
+        L03.tree_broadcast(types.SimpleNamespace(world_size=n, rank=rank), wire, "buf", root)
+        rounds[rank] = ops
+    holders = {root}
+    sends = sorted((r, peer) for r, ops in rounds.items() for kind, peer in ops if kind == "send")
+    recvs = sorted((peer, r) for r, ops in rounds.items() for kind, peer in ops if kind == "recv")
+    assert sends == recvs, "every send meets the receive posted for it"
+    assert len(recvs) == n - 1 and {r for _, r in recvs} == set(range(n)) - {root}
+    for rank, ops in rounds.items():  # a rank receives once, before it sends anything
+        kinds = [k for k, _ in ops]
+        assert kinds.count("recv") == (rank != root) and (rank == root or kinds[0] == "recv")
+    for src, dst in sorted(sends, key=lambda p: (p[1] - root) % n):  # in the order ranks are reached
+        assert src in holders
+        holders.add(dst)
+
+
+# ---- 04: the gradient tells a local max from the global one; the norm's closed form
+@pytest.mark.parametrize("vocab, n", [(3001, 2), (3001, 4), (32000, 4), (10, 3)])
+def test_every_shard_has_its_own_max_and_the_norm_has_a_closed_form(vocab, n):
+    from common.shards import chunk_bounds
+    shards = [L04.gradient_shard(a, b, vocab, 1.0) for a, b in chunk_bounds(vocab, n)]
+    maxima = [float(np.max(np.abs(g))) for g in shards]
+    assert len(set(maxima)) == n, "a norm scaled by a rank's own max would pass unnoticed"
+    g = np.concatenate(shards).astype(np.float64)
+    closed = np.sqrt(vocab * (vocab + 1) * (2 * vocab + 1) / 6) * 2 / vocab   # as the YAML says
+    assert np.isclose(np.linalg.norm(g), closed, rtol=1e-6)
+
+
+def test_items_shortens_long_lists_with_a_count():
+    assert L04.items(np.arange(3.0)) == "[0, 1, 2]"
+    assert L04.items(np.arange(40)) == "[0, 1, 2, 3, 4, 5, ... (40 items)]"
