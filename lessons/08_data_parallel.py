@@ -3,8 +3,11 @@
 The idea: every rank holds the same model and takes its own slice of the global batch. After
 backward, each rank's gradient covers only its slice; one all-reduce (SUM) of the gradients makes
 every rank's gradient the full-batch one, so every rank takes the same optimizer step and the
-replicas never drift apart. That is all torch's DistributedDataParallel (DDP) does, plus two
-engineering tricks this lesson also builds: gradient buckets and overlap with backward.
+replicas never drift apart. torch's DistributedDataParallel (DDP) is built on that all-reduce, and
+adds: a broadcast of rank 0's parameters and buffers when it is built (so replicas start equal,
+whatever each rank's seed), a broadcast of rank 0's buffers before every forward (BatchNorm's running
+statistics; forward_sync_buffers, on by default), and the two engineering tricks this lesson also
+builds: gradient buckets and all-reduces launched during backward.
 
 This lesson imports torch on both APIs, because the model is a torch model: `--api` only chooses
 who moves the gradients (mpi4py: comm.Allreduce on the tensors' NumPy views, or NCCL through CuPy on
@@ -14,8 +17,10 @@ do not fight over the cores with NP thread pools.
 What to watch for:
   1. equal to single-process training, and to DDP (checked). A seeded MLP trained K steps three
      ways in the same run: (a) by hand, (b) one process on the whole batch (every rank computes it:
-     the model is tiny), (c) torch DDP on the same slices (gloo on CPU). Per rank: max |dparam| of
-     a-b, a-c, c-b, and the largest difference from rank 0's parameters (must be exactly 0).
+     the model is tiny), (c) torch DDP on the same slices (gloo on CPU). (a) and (b) start from the
+     same seed on every rank; (c) starts from weights moved by 0.01*rank, and DDP's broadcast at
+     construction puts rank 0's back (shown and checked). Per rank: max |dparam| of a-b, a-c, c-b,
+     and the largest difference from rank 0's parameters (must be exactly 0).
      The trap: the default batch (130) is not divisible by 3 or 4, so the shards are uneven and the
      "average of each rank's mean loss" is NOT the full-batch gradient. The exact rule: local loss =
      (sum of my per-sample losses) / B_global, then all-reduce SUM. DDP divides the summed gradients
@@ -28,27 +33,30 @@ What to watch for:
      1e-10 (float64) and 1e-5 (float32): room for other batches and NPs, yet a wrong average (the
      mean of the per-rank means at NP 3 moves the parameters by ~2e-4 in 3 steps) fails them.
   2. buckets (measured): one all-reduce per parameter tensor vs gradients packed into contiguous
-     buckets of at most --bucket-mb MiB, last parameter first (backward makes the last layer's
-     gradient first; DDP packs the same way), one all-reduce per bucket. The deep model here has
-     DEPTH bias-free WIDTH x WIDTH layers, so every tensor has the same size S and the bucket count
-     is a closed form: DEPTH if S > cap, else ceil(DEPTH / floor(cap / S)) (checked). Time per step
-     for both (median of --reps, slowest rank, the two taking turns) is printed, not checked: fewer
-     calls pay fewer latencies, but a bucket costs two copies (pack, copy back), so buckets win most
-     where latency dominates: many small tensors, many ranks.
+     buckets, one all-reduce per bucket, packed as DDP packs them: last parameter first (backward
+     makes the last layer's gradient first), and a bucket closes as soon as it holds --bucket-mb MiB
+     or more, so it may pass the cap by one tensor. The lesson reads the buckets DDP itself builds
+     for the same model and cap and checks that they are these. DDP's defaults: bucket_cap_mb 25 MiB
+     with a first bucket (the gradients ready first) of 1 MiB; and for the first backward it puts
+     every gradient in one bucket, then rebuilds the buckets in the order the gradients became
+     ready. The deep model here has DEPTH bias-free WIDTH x WIDTH layers, so every tensor has the
+     same size S and the bucket count is a closed form: ceil(DEPTH / ceil(cap / S)) (checked). Time
+     per step for both (median of --reps, slowest rank, the two taking turns) is printed, not
+     checked: fewer calls pay fewer latencies, but a bucket costs two copies (pack, copy back).
   3. overlap (measured, explained): each bucket's all-reduce launched asynchronously from gradient
      hooks (param.register_post_accumulate_grad_hook) as soon as its last gradient is in, while
      backward still runs (torch: dist.all_reduce(..., async_op=True) then work.wait();
-     mpi4py: comm.Iallreduce then req.Wait(), with req.Test() from later hooks, because MPI moves a
-     non-blocking collective only inside MPI calls unless a progress thread runs, see lesson 02) vs
-     the all-reduce after backward. overlap = (comm + compute - t) / min(comm, compute), as in
-     lesson 02. The overlapped gradients must equal the after-backward ones (checked); the times are
-     reported. The after-backward row cannot overlap: its figure (ideally 0) shows how far measured
-     parts fail to add up on this machine. Here the communication needs the same cores backward
-     uses (MPI's shared-memory copies, gloo's threads), and NP > 2 ranks on 2 cores take turns on
-     them, so expect little overlap. On a GPU, NCCL's kernels run on their own CUDA stream and
-     backward's on the compute stream: the GPU can run both at once and the all-reduce of the last
-     layers hides behind the backward of the first ones. That is what DDP does, and why buckets
-     exist: a bucket can start as soon as its last gradient is ready.
+     mpi4py: comm.Iallreduce then req.Wait(), with req.Test() from later hooks), vs the all-reduce
+     after backward. overlap = (comm + compute - t) / min(comm, compute), as in lesson 02. The
+     overlapped gradients must equal the after-backward ones (checked); the times are reported.
+     The after-backward row cannot overlap: its figure (ideally 0) is how far measured parts fail
+     to add up on this machine, and the hooks hide communication only where they beat it. The
+     lesson also counts the buckets already done when backward returned, and says what lets an
+     all-reduce run beside backward on the transport that ran: MPI moves a non-blocking all-reduce
+     only inside MPI calls made on this thread (the Test() calls of later hooks) unless a progress
+     thread is on (MPIR_CVAR_ASYNC_PROGRESS=1 in MPICH, see lesson 02); gloo runs it on its own
+     worker threads, which need free cores; NCCL runs its kernels on their own CUDA stream beside
+     backward's, which is where DDP's overlap comes from.
 
 Run it:
   make lesson-08 NP=4                         (API=torch; ARGS="--dtype float32 --bucket-mb 0.0625")
@@ -57,10 +65,10 @@ Run it:
 import os
 import statistics
 import sys
-import time
+import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, report, shards  # noqa: E402
+from common import bootstrap, report, shards, timing  # noqa: E402
 
 SEED = 8                   # data and models come from this seed, identical on every rank
 BATCH = 130                # global batch: 130 % 3 == 1, 130 % 4 == 2, so shards are uneven at NP 3, 4
@@ -72,6 +80,9 @@ DEPTH, WIDTH = 32, 64      # parts 2-3: DEPTH bias-free WIDTH x WIDTH layers, al
 DEEP_BATCH = 64            # rows per rank in parts 2-3
 BUCKET_MB = 0.25           # bucket cap: float64 S = 32 KiB, so 8 layers per bucket, 4 buckets
 REPS = 5                   # timed repetitions in parts 2-3 (median reported)
+NUDGE = 0.01               # (c) starts from weights moved by NUDGE*rank: DDP's broadcast must undo it
+DDP_STEPS = 3              # DDP rebuilds its buckets after the first backward and reports them after 3
+WIDTH_COLS = 100           # printed lines wrap here
 
 
 # ---------------------------------------------------------------- the communication call
@@ -118,7 +129,7 @@ def nccl_sum():
 
 # ---------------------------------------------------------------- 1. equal to one process and to DDP
 def tiny_mlp(torch, dtype, device):
-    torch.manual_seed(SEED)  # same seed on every rank: same initial weights, no broadcast needed
+    torch.manual_seed(SEED)  # same seed on every rank: (a) and (b) start equal without a broadcast
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(),
                                torch.nn.Linear(HIDDEN, 1)).to(dtype=dtype, device=device)
 
@@ -137,6 +148,13 @@ def data_parallel_backward(ctx, model, x, y, batch):
     # <<< exercise: grad_average
 
 
+def vs_rank0(ctx, params):
+    """Collective: the largest |difference| between this rank's parameters and rank 0's (bitwise: 0)."""
+    mine = [p.detach().cpu().numpy() for p in params]
+    zero = ctx.comm.bcast(mine if ctx.rank == 0 else None, root=0)
+    return max(float(abs(m - z).max()) for m, z in zip(mine, zero))
+
+
 def max_diff(params_a, params_b):
     return max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(params_a, params_b))
 
@@ -147,7 +165,6 @@ def flat_grads(torch, model):
 
 def part1(ctx, args, torch, device):
     """Train (a) by hand, (b) one process, (c) DDP; return this rank's row of numbers."""
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     n, rank, dtype = ctx.world_size, ctx.rank, getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(SEED)
@@ -159,7 +176,12 @@ def part1(ctx, args, torch, device):
     xr, yr = x[lo:hi], y[lo:hi]  # my slice; may be empty when batch < NP: it then adds zeros
 
     models = {k: tiny_mlp(torch, dtype, device) for k in "abc"}
-    models["c"] = DDP(models["c"], device_ids=[ctx.local_rank] if ctx.device == "gpu" else None)
+    with torch.no_grad():  # (c) starts elsewhere on every rank but 0: DDP must broadcast rank 0's weights
+        for p in models["c"].parameters():
+            p.add_(NUDGE * rank)
+    before = vs_rank0(ctx, models["c"].parameters())
+    models["c"] = DDP(models["c"], device_ids=[ctx.gpu] if ctx.device == "gpu" else None)
+    after = vs_rank0(ctx, models["c"].module.parameters())
     opts = {k: torch.optim.SGD(m.parameters(), lr=args.lr, momentum=MOMENTUM) for k, m in models.items()}
 
     # step 0, before training: the two facts about averaging, with numbers
@@ -194,31 +216,45 @@ def part1(ctx, args, torch, device):
         torch.cuda.synchronize()
 
     pa, pb, pc = (list(models[k].parameters()) for k in "abc")
-    mine = [p.detach().cpu().numpy() for p in pa + pc]
-    zero = ctx.comm.bcast(mine if rank == 0 else None, root=0)  # rank 0's (a) and (c), to compare bitwise
-    vs0 = max(float(abs(m - z).max()) for m, z in zip(mine, zero))
-    if ctx.api != "torch":
-        dist.destroy_process_group()  # we built it for DDP; report.finish tears down only torch's own
+    vs0 = vs_rank0(ctx, pa + pc)
     return {"shard": hi - lo, "a_vs_b": max_diff(pa, pb), "a_vs_c": max_diff(pa, pc),
             "c_vs_b": max_diff(pc, pb), "vs_rank0": vs0, "exact_grad_err": exact_err,
+            "ddp_init_before": before, "ddp_init_after": after,
             "mom_grad_err": mom_err, "ddp_unscaled_ratio": ddp_ratio}
 
 
 # ---------------------------------------------------------------- 2. buckets
 def pack_buckets(nbytes, cap):
-    """Greedy buckets of parameter indices, last parameter first (backward makes its gradient
-    first). A bucket holds at most `cap` bytes; a tensor larger than cap gets a bucket of its own."""
+    """Greedy buckets of parameter indices, last parameter first (backward makes its gradient first).
+    A bucket closes as soon as it holds `cap` bytes or more, as DDP's do: it may pass the cap by one
+    tensor, and a tensor of `cap` bytes or more fills a bucket of its own."""
     buckets, size = [], 0
     # >>> exercise: buckets
     for i in reversed(range(len(nbytes))):
-        if buckets and size + nbytes[i] <= cap:
-            buckets[-1].append(i)
-            size += nbytes[i]
-        else:
-            buckets.append([i])  # start a new bucket (the first, or the last one is full)
-            size = nbytes[i]
+        if not buckets or size >= cap:  # the first bucket, or the last one is full: start a new one
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes[i]
     # <<< exercise: buckets
     return buckets
+
+
+def ddp_buckets(ctx, torch, device, dtype, cap, x):
+    """The buckets DDP itself builds for the deep model and this cap: ([[param index]] it rebuilt after
+    the first backward, how many buckets the first backward used); (None, None) if this torch does not
+    report them. DDP_STEPS forward/backward passes on every rank (collective)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ddp = DDP(deep_mlp(torch, dtype, device), device_ids=[ctx.gpu] if ctx.device == "gpu" else None,
+              bucket_cap_mb=cap / 2 ** 20)
+    first = None
+    for _ in range(DDP_STEPS):
+        ddp(x).sum().backward()
+        first = first or ddp._get_ddp_logging_data().get("bucket_sizes")
+    got = ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices")
+    if not got or not first:
+        return None, None
+    return [[int(i) for i in b.split()] for b in got.split(",")], len(str(first).split(","))
 
 
 def deep_mlp(torch, dtype, device):
@@ -246,7 +282,7 @@ class Bucketer:
                                  device=params[0].device) for b in self.plan]
         self.home = {id(params[i]): k for k, b in enumerate(self.plan) for i in b}
         self.stream = torch.cuda.Stream() if ctx.device == "gpu" and ctx.api != "torch" else None
-        self.armed, self.pending, self.left, self.next = False, [], [], 0
+        self.armed, self.pending, self.left, self.next, self.done = False, [], [], 0, []
         self.hooks = [p.register_post_accumulate_grad_hook(self.on_grad) for p in params]
 
     def pack(self, k):
@@ -281,6 +317,7 @@ class Bucketer:
             self.next += 1
 
     def finish(self):  # after backward: wait for every bucket, then copy the sums back
+        self.done.append(sum(1 for _, test in self.pending if test()))  # already done as backward returned
         for k, (wait, _) in enumerate(self.pending):
             wait()
             self.unpack(k)
@@ -302,10 +339,9 @@ def timed(ctx, modes, reps, sync, reset=lambda: None):
             reset()
             sync()
             ctx.comm.Barrier()
-            t0 = time.perf_counter()
+            t0 = timing.now(sync)
             fn()
-            sync()
-            t = ctx.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            t = ctx.comm.allreduce(timing.now(sync) - t0, op=MPI.MAX)
             if rep:
                 times[name].append(t)
     return {name: statistics.median(ts) for name, ts in times.items()}
@@ -314,7 +350,7 @@ def timed(ctx, modes, reps, sync, reset=lambda: None):
 def parts23(ctx, args, torch, device):
     """Parts 2 and 3 on the deep model: (this rank's checked differences, the counts and times)."""
     n, rank, dtype = ctx.world_size, ctx.rank, getattr(torch, args.dtype)
-    sync = torch.cuda.synchronize if ctx.device == "gpu" else (lambda: None)
+    sync = timing.syncer(ctx)  # every clock waits for the GPU's queued work
     model = deep_mlp(torch, dtype, device)
     params = list(model.parameters())
     gen = torch.Generator().manual_seed(SEED + 2 + rank)  # each rank its own rows
@@ -357,33 +393,66 @@ def parts23(ctx, args, torch, device):
         backward()
         buckets.finish()
 
+    buckets.done = []
     times = timed(ctx, {"compute": backward, "comm": buckets.after_backward,
                         "after": lambda: (backward(), buckets.after_backward()), "overlapped": overlapped},
                   args.reps, sync)
     buckets.remove()
+    theirs, first = ddp_buckets(ctx, torch, device, dtype, cap, x)  # DDP's own, for the same model and cap
     sizes = [p.numel() * p.element_size() for p in params]
     return {"bucket_err": bucket_err, "overlap_err": overlap_err}, {
-        "calls_per_param": len(params), "calls_bucketed": len(buckets.plan),
+        "calls_per_param": len(params), "calls_bucketed": len(buckets.plan), "buckets": buckets.plan,
+        "ddp_buckets": theirs, "ddp_first_backward_buckets": first, "ddp_same_buckets": theirs == buckets.plan,
         "first_bucket_head": buckets.plan[0][0], "bucketed_bytes": sum(sizes[i] for b in buckets.plan for i in b),
         "bucket_bytes": [sum(sizes[i] for i in b) for b in buckets.plan],
+        "done_after_backward": [min(buckets.done), max(buckets.done)],
         "time_us_per_param": t2["per_param"] * 1e6, "time_us_bucketed": t2["bucketed"] * 1e6,
         **{f"time_us_{k}": t * 1e6 for k, t in times.items()}}
 
 
-def where_it_runs(ctx):
-    """Why the overlap is what it is on this machine, and what a GPU changes (text, from the docs)."""
+def wrapped(text):
+    return "\n".join(textwrap.fill(part, WIDTH_COLS, break_on_hyphens=False) for part in text.split("\n"))
+
+
+def where_it_runs(ctx, s):
+    """What the overlap figures of part 3 show, and what lets an all-reduce run beside backward on the
+    transport that ran (`s`: part 3's summary)."""
     n = ctx.world_size
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if ctx.device == "gpu":
-        return ("on GPU: backward's kernels run on the compute stream and the all-reduce's on nccl's own "
-                "stream,\nso the GPU can run both at once, as DDP does; the overlap column shows how much it did.")
-    crowd = " (more ranks than cores: they take turns, each all-reduce waits for the last)" if n > cores else ""
-    return (f"{n} ranks on {cores} cores{crowd}.\n"
-            "'backward, then all-reduce' cannot overlap: its figure, ideally 0, is how far the parts fail to\n"
-            "add up on this machine. the hooks hide comm only where they beat that by more; on CPU the\n"
-            "all-reduce needs the same cores as backward (mpi's copies, gloo's threads). on a GPU, nccl's\n"
-            "kernels run on their own CUDA stream and backward's on the compute stream: both run at once,\n"
-            "and the last layers' buckets hide behind the first layers' backward, as in DDP.")
+    lo, hi = s["done_after_backward"]
+    k = s["calls_bucketed"]
+    done = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    lines = [f"buckets already done when backward returned: {done} of {k} (over the timed runs)"]
+    gain = s["overlap_hooks"] - s["overlap_after"]
+    if n == 1:
+        return lines + ["one rank: an all-reduce has no one to wait for, so there is nothing to hide"]
+    if gain > 0.25 and hi > 0:
+        lines.append(f"the hooks beat 'backward, then all-reduce' by {gain:+.2f} and buckets finished during "
+                     "backward: communication ran during backward here")
+    elif gain > 0.25:
+        lines.append(f"the hooks beat 'backward, then all-reduce' by {gain:+.2f}, yet no bucket had finished when "
+                     "backward returned: this run does not show communication done during backward")
+    elif gain < -0.25:
+        lines.append(f"the hooks did worse than 'backward, then all-reduce' by {-gain:.2f}: launching from hooks "
+                     "cost more here than it hid")
+    else:
+        lines.append(f"the hooks' figure is within 0.25 of 'backward, then all-reduce' (which cannot overlap): "
+                     "no overlap shown beyond this machine's noise")
+    if ctx.transport == "mpi":
+        progress = os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0") not in ("0", "")
+        lines.append("MPI moves a started Iallreduce " + (
+            "on its progress thread (MPIR_CVAR_ASYNC_PROGRESS is set), which needs a free core" if progress else
+            "only inside MPI calls made on this thread (no progress thread: MPIR_CVAR_ASYNC_PROGRESS is not set): "
+            "the Test() calls of later hooks, between layers of backward, are its only chances")
+                     + (f"; and {n} ranks share {cores} cores" if n > cores else ""))
+    elif ctx.transport == "gloo":
+        lines.append(f"gloo runs each all-reduce on its own worker threads, beside backward, when a core is free: "
+                     f"{n} ranks, each backward plus a busy gloo thread, on {cores} cores")
+    else:
+        lines.append("on GPU, NCCL's kernels run on their own CUDA stream and backward's on the compute stream: "
+                     "the GPU runs both at once, and the last layers' buckets hide behind the first layers' "
+                     "backward, as in DDP")
+    return lines
 
 
 def overlap_of(t, t_comm, t_comp):
@@ -399,15 +468,18 @@ def show_part1(ctx, args, rows):
     print(report.table(["rank", "shard", "max|a-b|", "max|a-c|", "max|c-b|", "vs rank 0"],
                        [(r, x["shard"], x["a_vs_b"], x["a_vs_c"], x["c_vs_b"], x["vs_rank0"])
                         for r, x in enumerate(rows)]))
+    before, after = max(x["ddp_init_before"] for x in rows), max(x["ddp_init_after"] for x in rows)
+    print(f"(c) started from weights moved by {NUDGE}*rank: largest difference from rank 0's {before:.3g} before "
+          f"DDP(...),\n  {after:.3g} after: DDP broadcasts rank 0's parameters (and buffers) when it is built")
     print(f"tolerance {TOL[args.dtype]:g} ({args.dtype}): the ranks' partial sums are added in the "
-          f"all-reduce's order, not the single process's\n"
+          f"all-reduce's order,\n  not the single process's\n"
           f"step-0 gradient vs the full batch's, max abs difference on rank 0:\n"
           f"  local loss = sum / B, all-reduce SUM (the exact rule):       {d['exact_grad_err']:.3g}\n"
           f"  local loss = my mean, all-reduce, / N (mean of the means):  {d['mom_grad_err']:.3g}"
-          f"   shards {[x['shard'] for x in rows]}: "
+          f"\n  shards {[x['shard'] for x in rows] if n <= 8 else '...'}: "
           f"{'uneven, so wrong' if args.batch % n else 'equal, so right here'}\n"
           f"DDP divides the summed gradients by N: with local loss sum / B its gradient is "
-          f"{d['ddp_unscaled_ratio']:.6g} x the full batch's (1/N = {1 / n:.6g}),\n"
+          f"{d['ddp_unscaled_ratio']:.6g} x\n  the full batch's (1/N = {1 / n:.6g}),\n"
           f"  so (c) uses N / B * sum; with DDP's usual local mean loss you get the mean of the means",
           flush=True)
 
@@ -420,9 +492,21 @@ def show_parts23(ctx, s, errs):
                        [("one per tensor", s["calls_per_param"], round(s["time_us_per_param"], 1), "reference"),
                         ("one per bucket", s["calls_bucketed"], round(s["time_us_bucketed"], 1),
                          max(e["bucket_err"] for e in errs))], align=[False, True, True, True]))
-    print(f"bucket bytes {s['bucket_bytes']} (the first starts at tensor {s['first_bucket_head']}, the last "
-          f"layer's); per-tensor / bucketed time = {s['time_us_per_param'] / max(s['time_us_bucketed'], 1e-9):.2f}"
-          f"\n(bucketed time includes packing the grads into the buckets and copying the sums back)")
+    shown = s["bucket_bytes"] if len(s["bucket_bytes"]) <= 8 else f"{s['bucket_bytes'][:8]} ..."
+    print(wrapped(f"bucket bytes {shown} (the first starts at tensor {s['first_bucket_head']}, the last "
+                  f"layer's); per-tensor / bucketed time = "
+                  f"{s['time_us_per_param'] / max(s['time_us_bucketed'], 1e-9):.2f} (bucketed time includes "
+                  "packing the grads into the buckets and copying the sums back)"))
+    theirs = s["ddp_buckets"]
+    if theirs is None:
+        print("DDP's own buckets: this torch does not report them (_get_ddp_logging_data)")
+    else:
+        heads = [f"{b[0]}..{b[-1]}" for b in theirs]
+        print(wrapped(f"DDP's own buckets for this model and cap, read from DDP after {DDP_STEPS} steps: its first "
+                      f"backward used {s['ddp_first_backward_buckets']} bucket(s), then it rebuilt them in the "
+                      f"order the gradients became ready: {len(theirs)} bucket(s), tensors "
+                      f"{', '.join(heads[:8])}{' ...' if len(heads) > 8 else ''}: "
+                      + ("the same as ours" if s["ddp_same_buckets"] else "NOT the same as ours")))
     tc, tm, ta, th = (s[f"time_us_{k}"] for k in ("compute", "comm", "after", "overlapped"))
     s["overlap_after"], s["overlap_hooks"] = overlap_of(ta, tm, tc), overlap_of(th, tm, tc)
     report.section(ctx, "3. overlap: bucket all-reduces launched from gradient hooks during backward")
@@ -432,8 +516,11 @@ def show_parts23(ctx, s, errs):
         ("all-reduce from hooks (async)", round(th, 1), f"{s['overlap_hooks']:+.2f}")], align=[False, True, True]))
     worst = max(e["overlap_err"] for e in errs)
     print(f"overlapped grads vs after-backward grads: max|diff| / max|grad| = {worst:.3g}\n"
-          f"overlap = (comm + compute - time) / min(comm, compute): 0 none, 1 all hidden.\n"
-          f"{where_it_runs(ctx)}", flush=True)
+          f"overlap = (comm + compute - time) / min(comm, compute): 0 none, 1 all hidden; 'backward, then\n"
+          f"all-reduce' cannot overlap, so its figure (ideally 0) is how far the parts fail to add up here")
+    for line in where_it_runs(ctx, s):
+        print(wrapped(line))
+    print(end="", flush=True)
 
 
 def main():
@@ -445,11 +532,11 @@ def main():
     parser.add_argument("--bucket-mb", type=bootstrap.positive(float), default=BUCKET_MB,
                         help=f"bucket cap in MiB (default {BUCKET_MB})")
     parser.add_argument("--reps", type=bootstrap.positive(int), default=REPS, help=f"timed repetitions (default {REPS})")
-    args, ctx = bootstrap.start(__file__, parser)
+    args, ctx = bootstrap.start(__file__, parser, uses_torch=True)  # the model is torch on both apis
     import torch  # the model is torch on both apis
     torch.set_num_threads(1)
     n = ctx.world_size
-    device = torch.device("cuda", ctx.local_rank) if ctx.device == "gpu" else torch.device("cpu")
+    device = torch.device("cuda", ctx.gpu) if ctx.device == "gpu" else torch.device("cpu")
     if ctx.api != "torch":
         bootstrap.init_torch(ctx)  # ddp needs a torch process group: gloo (nccl on gpu) from the mpi ranks
     itemsize = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
@@ -459,16 +546,22 @@ def main():
               "bucket_mb": args.bucket_mb, "cap_bytes": cap, "reps": args.reps}
 
     report.section(ctx, f"1. {args.steps} SGD steps (lr {args.lr}, momentum {MOMENTUM}), batch {args.batch} "
-                        f"on {n} ranks, {args.dtype}, api {ctx.api} ({ctx.transport}): "
-                        f"(a) by hand  (b) one process, whole batch  (c) DDP")
+                        f"on {n} ranks, {args.dtype}, {ctx.api} ({ctx.transport})")
+    if ctx.rank == 0:
+        print("(a) by hand  (b) one process, whole batch  (c) DDP", flush=True)
     row = part1(ctx, args, torch, device)
     show_part1(ctx, args, ctx.comm.gather(row, root=0))
 
     report.section(ctx, f"2. buckets: {DEPTH} tensors of {WIDTH}x{WIDTH} {args.dtype} "
-                        f"({WIDTH * WIDTH * itemsize} B each), cap {cap} B; per step, median of {args.reps}, "
-                        f"slowest rank")
+                        f"({WIDTH * WIDTH * itemsize} B each), cap {cap} B")
+    if ctx.rank == 0:
+        print(f"time per step: median of {args.reps}, slowest rank", flush=True)
     values, summary = parts23(ctx, args, torch, device)
     show_parts23(ctx, summary, ctx.comm.gather(values, root=0))
+    params["ddp_buckets_read"] = int(summary["ddp_buckets"] is not None)  # an older torch may not say
+    if ctx.api != "torch":
+        import torch.distributed as dist
+        dist.destroy_process_group()  # we built it for DDP; report.finish tears down only torch's own
     report.finish(ctx, {**row, **values}, summary=summary, params=params)
 
 

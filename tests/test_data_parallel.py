@@ -28,31 +28,47 @@ def test_loading_the_lesson_imports_neither_mpi_nor_torch():
 
 # ---- bucket packing -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("nbytes, cap", [
-    ([4, 4, 4, 4, 4], 8), ([1, 2, 3, 4, 5, 6, 7], 7), ([10, 1, 1, 1, 30, 2], 5), ([3], 1),
-    ([0, 5, 0, 5], 5), ([8] * 32, 64), ([100, 1, 100], 100)])
-def test_buckets_reverse_order_cap_and_every_tensor_once(nbytes, cap):
+CASES = [([4, 4, 4, 4, 4], 8), ([1, 2, 3, 4, 5, 6, 7], 7), ([10, 1, 1, 1, 30, 2], 5), ([3], 1),
+         ([0, 5, 0, 5], 5), ([8] * 32, 64), ([100, 1, 100], 100), ([4, 4, 4, 4, 4, 4, 4], 10)]
+
+
+@pytest.mark.parametrize("nbytes, cap", CASES)
+def test_buckets_reverse_order_close_at_the_cap_and_every_tensor_once(nbytes, cap):
     plan = dp.pack_buckets(nbytes, cap)
     flat = [i for b in plan for i in b]
     assert flat == list(reversed(range(len(nbytes))))      # last parameter first, each exactly once
-    for b in plan:
-        assert len(b) == 1 or sum(nbytes[i] for i in b) <= cap   # only a lone tensor may exceed the cap
-    for b, nxt in zip(plan, plan[1:]):                     # greedy: a bucket closes only when full
-        assert sum(nbytes[i] for i in b) + nbytes[nxt[0]] > cap
+    for b in plan[:-1]:                                    # DDP's rule: a bucket closes once it holds the cap,
+        assert sum(nbytes[i] for i in b) >= cap            # and not one tensor earlier
+        assert sum(nbytes[i] for i in b[:-1]) < cap
 
 
-def test_a_tensor_larger_than_the_cap_gets_its_own_bucket():
-    plan = dp.pack_buckets([1, 1, 50, 1, 1], 4)
-    assert plan == [[4, 3], [2], [1, 0]]
+@pytest.mark.parametrize("nbytes, cap", [c for c in CASES if all(x % 4 == 0 for x in c[0]) and c[1] % 4 == 0]
+                         + [([4, 4, 400, 4, 4], 16), ([12] * 7, 20), ([12] * 7, 24), ([40, 4, 4, 4, 40], 44)])
+def test_buckets_are_the_ones_ddp_itself_computes(nbytes, cap):
+    """torch's own assignment (the function DDP's rebuild uses), given the tensors in the order backward
+    makes their gradients (last first), groups them exactly as the lesson does."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    ready = [torch.zeros(b // 4) for b in reversed(nbytes)]   # float32: 4 bytes each
+    theirs, _ = dist._compute_bucket_assignment_by_size(ready, [cap])
+    last = len(nbytes) - 1
+    assert [[last - i for i in b] for b in theirs] == dp.pack_buckets(nbytes, cap)
+
+
+def test_a_bucket_may_pass_the_cap_by_one_tensor():
+    assert dp.pack_buckets([1, 1, 50, 1, 1], 4) == [[4, 3, 2], [1, 0]]
+    assert dp.pack_buckets([50, 1], 4) == [[1, 0]]
     assert dp.pack_buckets([], 4) == []
 
 
 @pytest.mark.parametrize("depth, size, cap", [(32, 32768, 262144), (32, 16384, 262144), (10, 524288, 1048576),
-                                              (10, 524288, 300000), (7, 3, 10), (5, 4, 4), (6, 9, 100)])
-def test_uniform_tensors_match_the_yaml_closed_form(depth, size, cap):
-    per = math.floor(cap / size)
-    want = depth if size > cap else math.ceil(depth / per)   # the YAML's formula
-    assert len(dp.pack_buckets([size] * depth, cap)) == want
+                                              (10, 524288, 300000), (7, 3, 10), (5, 4, 4), (6, 9, 100),
+                                              (32, 32768, 314572)])
+def test_uniform_tensors_match_the_yaml_closed_forms(depth, size, cap):
+    per = math.ceil(cap / size)
+    plan = dp.pack_buckets([size] * depth, cap)
+    assert len(plan) == math.ceil(depth / per)                 # the YAML's bucket count
+    assert len(plan[0]) * size == min(depth, per) * size       # the YAML's first bucket
 
 
 # ---- the uneven-shard loss arithmetic -----------------------------------------------------------------
@@ -96,3 +112,19 @@ def test_positive_accepts_and_overlap_formula():
     assert dp.overlap_of(10.0, 4.0, 10.0) == 1.0    # comm fully hidden behind compute
     assert dp.overlap_of(14.0, 4.0, 10.0) == 0.0    # one after the other
     assert dp.overlap_of(1.0, 0.0, 1.0) == 0.0      # nothing to hide
+
+
+@pytest.mark.parametrize("after, hooks, done, says", [
+    (0.0, 0.6, [1, 2], "communication ran during backward"),
+    (0.0, 0.6, [0, 0], "does not show communication done during backward"),
+    (0.1, -0.5, [0, 1], "did worse"),
+    (0.1, 0.2, [0, 1], "no overlap shown"),
+])
+def test_the_overlap_figures_are_read_as_measured(after, hooks, done, says):
+    from types import SimpleNamespace
+    s = {"overlap_after": after, "overlap_hooks": hooks, "done_after_backward": done, "calls_bucketed": 4}
+    for transport, words in (("mpi", "Test() calls"), ("gloo", "worker threads"), ("nccl", "CUDA stream")):
+        ctx = SimpleNamespace(world_size=2, transport=transport)
+        text = " ".join(dp.where_it_runs(ctx, s))
+        assert says in text and words in text, text
+    assert "nothing to hide" in " ".join(dp.where_it_runs(SimpleNamespace(world_size=1, transport="mpi"), s))
