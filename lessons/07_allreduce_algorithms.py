@@ -826,11 +826,11 @@ def show_race(ctx, args, table, race, overhead):
                            align=[False, False, True, True, True, True, False]))
         cores = len(os.sched_getaffinity(0))
         if any(r[-1].startswith("not Python") for r in rows):
+            crowd = (f"; and {ctx.world_size} ranks share {cores} cores, so every round also waits for the "
+                     "scheduler" if ctx.world_size > cores else "")
             print(wrapped("where it is not Python, the schedule is not to blame either (ours was the fastest of "
-                          f"the {len(args.algos)} raced at that size): the rest is how the library moves its bytes, which this run "
-                          "does not measure" + (f"; and {ctx.world_size} ranks share {cores} cores, so every "
-                                                "round also waits for the scheduler" if ctx.world_size > cores
-                                                else "")))
+                          f"the {len(args.algos)} raced at that size): the rest is how the library moves its "
+                          "bytes, which this run does not measure" + crowd))
     if args.csv:
         report.write_csv(args.csv, race)
         print(f"wrote {args.csv}")

@@ -525,13 +525,15 @@ def show_parts23(ctx, s, errs):
 
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--steps", type=bootstrap.positive(int), default=STEPS, help=f"training steps (default {STEPS})")
+    parser.add_argument("--steps", type=bootstrap.positive(int), default=STEPS,
+                        help=f"training steps (default {STEPS})")
     parser.add_argument("--batch", type=bootstrap.positive(int), default=BATCH, help=f"global batch (default {BATCH})")
     parser.add_argument("--dtype", choices=sorted(TOL), default="float64")
     parser.add_argument("--lr", type=bootstrap.positive(float), default=LR, help=f"SGD learning rate (default {LR})")
     parser.add_argument("--bucket-mb", type=bootstrap.positive(float), default=BUCKET_MB,
                         help=f"bucket cap in MiB (default {BUCKET_MB})")
-    parser.add_argument("--reps", type=bootstrap.positive(int), default=REPS, help=f"timed repetitions (default {REPS})")
+    parser.add_argument("--reps", type=bootstrap.positive(int), default=REPS,
+                        help=f"timed repetitions (default {REPS})")
     args, ctx = bootstrap.start(__file__, parser, uses_torch=True)  # the model is torch on both apis
     import torch  # the model is torch on both apis
     torch.set_num_threads(1)
