@@ -420,7 +420,8 @@ def conclusions(ctx, speed, got, gil_on, cores):
 
 def wrapped(text, indent=""):
     """text within WIDTH columns, continuation lines indented two more than `indent`."""
-    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False)  # "ping-pong", "pure-Python" stay whole
 
 
 def main():
