@@ -19,6 +19,7 @@ Practice it: `bin/tutor practice 00` writes practice/00_hello.py with split_in_h
 """
 import os
 import sys
+import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
@@ -86,7 +87,7 @@ def main():
 
     report.section(ctx, f"1. who am I  ({n} ranks, api {ctx.api})")
     if ctx.rank == 0:
-        print(f"device: {ctx.why}", flush=True)
+        print(textwrap.fill(f"device: {ctx.why}", 100, subsequent_indent="  "), flush=True)
     world = None if ctx.api == "torch" else (ctx.nccl if ctx.device == "gpu" else ctx.comm)
     my_id = rank_in(ctx, world)  # the id the chosen API gives me, not MPI's (unless MPI is the API)
     report.say(ctx, f"id {my_id}  host {ctx.host}  local_rank {ctx.local_rank} of {ctx.local_size}  "

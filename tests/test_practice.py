@@ -323,12 +323,12 @@ def _region_cases():
 
 @pytest.mark.parametrize("lesson, region", _region_cases())
 def test_answer_key_every_region_is_guarded(lesson, region, tmp_path, monkeypatch, capsys):
-    """With only this region stubbed, some check NP must fail (largest NP first: it runs the most code).
+    """With only this region stubbed, some check NP must fail (smallest NP first: fewest ranks to start).
     A region no check run reaches would let a learner 'pass' without writing it."""
     monkeypatch.setenv("PYTHONPATH", ROOT)  # the stub lives in tmp_path, away from common/
     monkeypatch.delenv("TUTOR_LESSONS", raising=False)
     tried = []
-    for np in sorted(lesson.meta["np"]["check"], reverse=True):
+    for np in sorted(lesson.meta["np"]["check"]):
         (reason,) = answer_key(lesson, np, str(tmp_path / os.path.basename(lesson.path)), only=region)
         tried.append(np)
         if reason:
