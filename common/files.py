@@ -13,6 +13,8 @@ import os
 import tempfile
 from contextlib import contextmanager
 
+from common import report
+
 RESULTS_KEYS = {"lesson", "np", "ranks"}   # what every results JSON holds (GUIDE §2)
 JUNIT_HEAD = '<testsuite name="tutor-check"'
 
@@ -65,15 +67,7 @@ def check_target(path, flag, kind, ours):
 def write_new(path, text, flag, kind, ours):
     """check_target again (the file may have appeared since), then write whole: temp file, rename."""
     check_target(path, flag, kind, ours)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    report.atomic_write(path, text)
 
 
 def keep_aside(path, suffix):

@@ -130,8 +130,8 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
     if echo:
         print("$ " + " ".join(cmd), flush=True)
         if np > launch.usable_cores():
-            print(f"note: {np} ranks on {launch.usable_cores()} usable cores: the ranks share cores, "
-                  "so timings will be distorted (results are still checked)", flush=True)
+            print(f"note: {np} ranks share {launch.usable_cores()} usable cores, so timings will be "
+                  "distorted (results are still checked)", flush=True)
     outcome = launch.run(cmd, timeout or lesson.meta["timeout_s"], echo=echo, tick=tick)
     checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome.results else None
     if json_path:
