@@ -50,18 +50,24 @@ def tutor(*args, env=None, timeout=180):
                           timeout=timeout, env=full_env)
 
 
-def processes_running(fragment):
-    """PIDs of live processes whose command line contains `fragment` (never this test process)."""
+def processes_running(fragment=None, mark=None):
+    """PIDs of live processes (never this test process) whose command line contains `fragment`, or
+    whose environment carries TUTOR_TEST_MARK=mark (a run's runner, mpiexec and ranks alike)."""
+    if mark is None:
+        where, want = "cmdline", fragment.encode()
+    else:
+        where, want = "environ", f"TUTOR_TEST_MARK={mark}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                with open(f"/proc/{entry}/{where}", "rb") as f:
+                    text = f.read()
                 with open(f"/proc/{entry}/stat") as f:
                     state = f.read().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if fragment in cmd and state != "Z":
+            if (want in text.replace(b"\0", b" ") if mark is None else want in text.split(b"\0")) \
+                    and state != "Z":
                 found.append(int(entry))
     return found

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from common import launch, runner
-from conftest import FIXTURES, TUTOR, tutor
+from conftest import FIXTURES, TUTOR, processes_running, tutor
 from test_robust import one_line_error
 
 FIX = {"TUTOR_LESSONS": FIXTURES}
@@ -21,19 +21,7 @@ FIX = {"TUTOR_LESSONS": FIXTURES}
 
 def marked(mark):
     """PIDs of live processes whose environment carries TUTOR_TEST_MARK=mark (runner, mpiexec, ranks)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                with open(f"/proc/{entry}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if f"TUTOR_TEST_MARK={mark}".encode() in env and state != "Z":
-                found.append(int(entry))
-    return found
+    return processes_running(mark=mark)
 
 
 def cmdline(pid):
