@@ -1,0 +1,56 @@
+"""The counting communicator (common/counting.py): exact p2p bytes, nominal collective bytes, phases,
+and no method left uncounted."""
+import types
+
+import numpy as np
+import pytest
+
+from common import counting
+
+
+def fake_backend(log):
+    return types.SimpleNamespace(
+        exchange=lambda out, into, dest, source: log.append(("exchange", dest, source)),
+        group=lambda sends, recvs: log.append(("group", len(sends), len(recvs))),
+        allreduce=lambda buf: log.append(("allreduce", buf.size)),
+        all_gather=lambda out, inp: log.append(("all_gather", inp.size)),
+        sync=lambda: log.append(("sync",)))
+
+
+def test_point_to_point_counts_what_was_sent_per_phase():
+    log = []
+    be = counting.Counted(fake_backend(log), 4)
+    a, b, empty = np.zeros(10, np.float32), np.zeros(3, np.int64), np.zeros(0)
+    be.exchange(a, b, 1, 3)
+    with be.phase("backward"):
+        be.group([(a, 2), (b, 3), (empty, 1)], [(a, 2)])
+        be.exchange(empty, a, 1, 3)  # receives only: a call, no message
+    be.sync()
+    assert log[0] == ("exchange", 1, 3) and len(log) == 4  # every call still reaches the backend
+    assert be.counts == {
+        "main": {"exchange": {"calls": 1, "msgs": 1, "bytes": 40, "recv_bytes": 24, "peers": [1]}},
+        "backward": {"group": {"calls": 1, "msgs": 2, "bytes": 64, "recv_bytes": 40, "peers": [2, 3]},
+                     "exchange": {"calls": 1, "msgs": 0, "bytes": 0, "recv_bytes": 40, "peers": []}}}
+    assert be.total() == 104 and be.total(phases=["backward"], field="msgs") == 2
+
+
+def test_library_collectives_count_the_ring_volume_and_say_so():
+    be = counting.Counted(fake_backend([]), 4)
+    with be.phase("step"):
+        be.allreduce(np.zeros(100, np.float64))     # 2(N-1)/N of 800 B
+        be.all_gather(np.zeros(40), np.zeros(10))   # (N-1) shards of 80 B
+    assert be.counts["step"]["allreduce"] == {"calls": 1, "bytes": 1200, "nominal": True}
+    assert be.counts["step"]["all_gather"] == {"calls": 1, "bytes": 240, "nominal": True}
+
+
+def test_a_method_without_a_rule_is_refused_not_left_uncounted():
+    backend = types.SimpleNamespace(broadcast=lambda buf, root: None)
+    with pytest.raises(KeyError, match="'broadcast' has no rule"):
+        counting.Counted(backend, 2)
+    be = counting.Counted(backend, 2, rules={"broadcast": lambda n, buf, root: _n(buf)})
+    be.broadcast(np.zeros(5, np.int32), 0)
+    assert be.counts["main"]["broadcast"]["bytes"] == 20
+
+
+def _n(buf):
+    return buf.nbytes
