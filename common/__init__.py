@@ -1,1 +1,2 @@
-"""Helpers shared by the lessons (bootstrap, report, watchdog) and by the runner (catalog, launch, expect)."""
+"""What lessons use: bootstrap, report, buffers, p2p, shards, bandwidth, timing, counting, devices,
+watchdog. The runner's own modules live in common/runner/ (imported by bin/tutor and the tests only)."""

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from common import catalog
+from common.runner import catalog
 from conftest import FIXTURES, ROOT
 
 GOOD = textwrap.dedent("""\

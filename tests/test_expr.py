@@ -1,7 +1,7 @@
 """Tier 1: the YAML expression evaluator computes plain arithmetic and refuses everything else."""
 import pytest
 
-from common.expr import ExprError, evaluate
+from common.runner.expr import ExprError, evaluate
 
 
 @pytest.mark.parametrize("text, names, want", [
@@ -45,7 +45,7 @@ def test_syntax_error_is_an_expr_error():
 
 
 def test_names_used_walks_every_branch_without_evaluating():
-    from common.expr import names_used
+    from common.runner.expr import names_used
     assert names_used("count if rank < np else max(a, 2) and not b") == {"count", "rank", "np", "a", "b"}
     for text in ("1 if np > 0 else open('x')", "np or ().__class__", "0 and [1][0]", "2 ** np.real"):
         with pytest.raises(ExprError, match="not plain arithmetic"):

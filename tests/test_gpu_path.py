@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from common import devices, doctor, timing
+from common import devices, timing
+from common.runner import doctor
 from conftest import ROOT, TUTOR
 
 

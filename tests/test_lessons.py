@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from common import catalog, devices
+from common import devices
+from common.runner import catalog
 from conftest import ROOT, tutor
 
 CASES, GPU_CASES, DOUBLE_CASES, BROKEN = [], [], [], []

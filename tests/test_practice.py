@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from common import catalog, exercise, launch, practice, runner
+from common.runner import catalog, engine, exercise, launch, practice
 from conftest import FIXTURES, ROOT, tutor
 
 PRACTICE_FIXTURES = os.path.join(FIXTURES, "exercise_lessons")  # .gitignore hides "practice/"
@@ -205,7 +205,7 @@ def test_unfinished_names_the_exercise_and_where(sandbox):
     path, _, _ = practice.write_copy(lesson)
     out = launch.Outcome(rc=1, seconds=0.1, errors={
         0: f"NotImplementedError: exercise allreduce: not done yet ({os.path.relpath(path)}:13)"})
-    lines = exercise.explain(lesson, out, None, path, runner.explain(lesson, out, None))
+    lines = exercise.explain(lesson, out, None, path, engine.explain(lesson, out, None))
     assert lines == [f"exercise 'allreduce' is not done yet: replace the TODO and the `raise "
                      f"NotImplementedError` at {os.path.relpath(path)}:12-13 with your code"]
 
@@ -287,11 +287,11 @@ def answer_key(lesson, np, stub_path, with_reference=False, only=None):
     api = "mpi4py" if "mpi4py" in lesson.meta["apis"] else lesson.meta["apis"][0]
     reasons = []
     for script in (stub_path, None) if with_reference else (stub_path,):
-        outcome, checks = runner.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []),
+        outcome, checks = engine.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []),
                                             echo=False, script=script)
         why = exercise.explain(lesson, outcome, checks, script or lesson.path,
-                               runner.explain(lesson, outcome, checks))
-        reasons.append(None if runner.ok(outcome, checks) else "; ".join(why) or f"exit {outcome.rc}")
+                               engine.explain(lesson, outcome, checks))
+        reasons.append(None if engine.ok(outcome, checks) else "; ".join(why) or f"exit {outcome.rc}")
     return reasons
 
 

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from common import bootstrap, catalog, launch, runner
+from common import bootstrap
+from common.runner import catalog, engine, launch
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
 FIX = {"TUTOR_LESSONS": FIXTURES}
@@ -38,7 +39,7 @@ def one_line_error(proc, *fragments):
     (["run", "1", "--timeout", "inf"], ["--timeout must be positive", "got inf"]),
     (["run", "1", "--timeout", "1e400"], ["--timeout must be positive", "got inf"]),
     (["run", "1", "--timeout", "86401"], ["at most 86400 s"]),
-    (["run", "2", "-n", str(runner.np_ceiling() + 1)], ["more ranks than", "--force"]),
+    (["run", "2", "-n", str(engine.np_ceiling() + 1)], ["more ranks than", "--force"]),
     (["run", "1", "--", "--api", "torch"], ["`--api` after `--` would override the runner's --api"]),
     (["run", "1", "--", "--ap=torch"], ["`--ap` after `--`", "--api"]),
     (["run", "1", "--", "--dev", "cpu"], ["runner's --device"]),
@@ -122,10 +123,10 @@ def test_yaml_limits_are_checked_on_load(tmp_path, change, line, fragment):
 
 def test_more_ranks_than_the_ceiling_with_force():
     lesson = catalog.resolve("02", FIXTURES)
-    n = runner.np_ceiling() + 1
-    with pytest.raises(runner.UsageError, match="--force"):
-        runner.parse_np(str(n), lesson)
-    assert runner.parse_np(str(n), lesson, force=True) == n
+    n = engine.np_ceiling() + 1
+    with pytest.raises(engine.UsageError, match="--force"):
+        engine.parse_np(str(n), lesson)
+    assert engine.parse_np(str(n), lesson, force=True) == n
 
 
 def test_yaml_expression_that_is_not_arithmetic_is_refused(tmp_path):
@@ -201,7 +202,7 @@ def test_hydra_status_line_is_read_per_rank(line, statuses):
 
 
 def test_open_mpi_names_the_killed_rank_itself():
-    said = runner.killed_rank(launch.Outcome(rc=137, seconds=0.1, pids={0: 10, 1: 11}, tail=[
+    said = engine.killed_rank(launch.Outcome(rc=137, seconds=0.1, pids={0: 10, 1: 11}, tail=[
         "mpirun noticed that process rank 1 with PID 0 on node", "vm exited on signal 9 (Killed)."]))
     assert said == "rank 1 (pid 11) was killed by signal 9 (SIGKILL); mpirun then ended the other ranks"
 
@@ -221,5 +222,5 @@ def test_the_rank_a_signal_killed_is_told_from_the_statuses(statuses, expected):
     banner = ["=   PID 10 RUNNING AT vm", "=   EXIT CODE: 9",
               "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)"]
     out = launch.Outcome(rc=9, seconds=0.1, tail=banner, pids={0: 10, 1: 11, 2: 12}, statuses=statuses)
-    said = runner.killed_rank(out)
+    said = engine.killed_rank(out)
     assert said == expected if expected is None else said.startswith(expected), said

@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from common import bootstrap, devices, report, rundir
+from common import bootstrap, devices, report
+from common.runner import rundir
 
 
 def test_decide():

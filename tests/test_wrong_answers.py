@@ -27,7 +27,7 @@ import os
 import pytest
 import yaml
 
-from common import catalog, exercise, runner
+from common.runner import catalog, engine, exercise
 from conftest import ROOT
 
 FOLDER = os.path.join(ROOT, "tests", "wrong_answers")
@@ -105,12 +105,12 @@ def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch, reque
         for key, value in request.getfixturevalue("double").items():
             monkeypatch.setenv(key, value)
     np = case.get("np", max(lesson.meta["np"]["check"]))
-    outcome, checks = runner.run_lesson(lesson, np, case.get("api", "mpi4py"), device,
+    outcome, checks = engine.run_lesson(lesson, np, case.get("api", "mpi4py"), device,
                                         case.get("args", lesson.meta.get("args", [])), echo=False,
                                         script=str(script), timeout=case.get("timeout"))
-    said = "\n".join(exercise.explain(lesson, outcome, checks, str(script), runner.explain(lesson, outcome, checks)))
+    said = "\n".join(exercise.explain(lesson, outcome, checks, str(script), engine.explain(lesson, outcome, checks)))
     if "passes" in case:
-        assert runner.ok(outcome, checks), f"a correct variant ({case['mistake']}) fails:\n{said}"
+        assert engine.ok(outcome, checks), f"a correct variant ({case['mistake']}) fails:\n{said}"
         return
     if "hangs" in case:
         assert outcome.timed_out, f"the bug '{case['mistake']}' did not hang (exit {outcome.rc}):\n{said}"

@@ -10,7 +10,8 @@ import sys
 import textwrap
 import time
 
-from common import devices, launch
+from common import devices
+from common.runner import launch
 
 
 def line(name, value):

@@ -5,7 +5,7 @@
       le: 1.0e-6                       # equals | le | ge | lt | gt, with rtol / atol for equals
       when: np >= 2                    # optional: the check applies only when this is true
 
-Wanted values that are strings are expressions (common.expr) in np, api, device, transport, the
+Wanted values that are strings are expressions (common.runner.expr) in np, api, device, transport, the
 lesson's params, and the scalar fields of every list item the path went through: in
 `ranks[*].runs[*].bytes_sent` the expression sees the rank item's `rank` and the run item's `count`
 (inner items win). So expectations are closed forms independent of the lesson's arithmetic.
@@ -13,7 +13,7 @@ lesson's params, and the scalar fields of every list item the path went through:
 import math
 import re
 
-from common import expr
+from common.runner import expr
 
 OPS = {"equals": "==", "le": "<=", "ge": ">=", "lt": "<", "gt": ">"}
 _TOKEN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\*|-?\d+)\]|\.")

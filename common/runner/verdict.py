@@ -5,7 +5,7 @@ import os
 import re
 import signal
 
-from common import files, rundir
+from common.runner import files, rundir
 from common.report import table
 
 

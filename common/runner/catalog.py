@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import yaml
 
-from common import schema
+from common.runner import schema
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def lessons_dir():
@@ -55,7 +55,7 @@ class Lesson:
 
 
 def load_yaml(path):
-    """The lesson's metadata, validated (common/schema.py); CatalogError names the file and line."""
+    """The lesson's metadata, validated (common/runner/schema.py); CatalogError names the file and line."""
     try:
         with open(path) as f:
             text = f.read()

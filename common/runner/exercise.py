@@ -6,7 +6,7 @@ A lesson marks the heart of its idea, inside a function body, with two lines at 
     # <<< exercise: short_name
 The lesson file stays the only copy of the answer. `make_stub` keeps the markers and replaces what is
 between them with a TODO and a `raise NotImplementedError`, so an unfinished exercise fails loudly.
-Pure functions on text and run outcomes; the files and progress are common/practice.py's.
+Pure functions on text and run outcomes; the files and progress are common/runner/practice.py's.
 """
 import os
 import re

@@ -1,10 +1,11 @@
 """What `bin/tutor run` and `check` do: validate the request, launch, check the results (the words
-for an outcome are common/verdict.py's; the files the runner writes follow common/files.py)."""
+for an outcome are common/runner/verdict.py's; the files the runner writes follow common/runner/files.py)."""
 import json
 import os
 
-from common import devices, expect, files, launch, schema
-from common.verdict import checks_table, explain, killed_rank, ok, status, write_junit  # noqa: F401
+from common import devices
+from common.runner import expect, files, launch, schema
+from common.runner.verdict import checks_table, explain, killed_rank, ok, status, write_junit  # noqa: F401
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
 
@@ -120,7 +121,7 @@ def validate(lesson, np, api, device):
 def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, echo=True, script=None,
                tick=None):
     """Launch one lesson; return (outcome, checks). checks is None when there were no results.
-    With json_path, the results (and the checks and status) are kept there: see common/files.py."""
+    With json_path, the results (and the checks and status) are kept there: see common/runner/files.py."""
     extra = [str(a) for a in extra]
     check_extra(extra)
     if json_path:

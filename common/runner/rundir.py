@@ -10,7 +10,7 @@ import re
 import signal
 import time
 
-from common.catalog import ROOT
+from common.runner.catalog import ROOT
 
 
 def descendants(pid):

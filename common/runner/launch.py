@@ -1,6 +1,6 @@
 """Start a lesson under mpiexec, show its output live, and make sure it ends: timeout, stop signals,
-cleanup (the run folder's pids, stacks and errors, and the killing, live in common/rundir.py; what
-ends the run when the runner itself is told to stop, in common/lifetime.py).
+cleanup (the run folder's pids, stacks and errors, and the killing, live in common/runner/rundir.py; what
+ends the run when the runner itself is told to stop, in common/runner/lifetime.py).
 """
 import functools
 import json
@@ -16,9 +16,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from common import lifetime
-from common.catalog import ROOT
-from common.rundir import dump_stacks, end_tree, rank_pids, read_errors
+from common.runner import lifetime
+from common.runner.catalog import ROOT
+from common.runner.rundir import dump_stacks, end_tree, rank_pids, read_errors
 
 
 class LaunchError(RuntimeError):

@@ -1,11 +1,11 @@
 """Practice: the learner's copy of a lesson (practice/, git-ignored), hints, the answer; the progress
-file behind them is common/progress.py's."""
+file behind them is common/runner/progress.py's."""
 import os
 
-from common import files
-from common.catalog import ROOT
-from common.exercise import MARK, PracticeError, find_regions, make_stub
-from common.progress import change, load_progress, progress_path, update  # noqa: F401 (used via practice.)
+from common.runner import files
+from common.runner.catalog import ROOT
+from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
+from common.runner.progress import change, load_progress, progress_path, update  # noqa: F401 (used via practice.)
 from common.report import atomic_write
 
 

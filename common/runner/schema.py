@@ -13,7 +13,7 @@ import math
 import os
 import re
 
-from common import expect, expr
+from common.runner import expect, expr
 
 KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint"}
 NP_KEYS = {"default", "min", "max", "check"}

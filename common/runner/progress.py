@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from common import files
-from common.catalog import ROOT
+from common.runner import files
+from common.runner.catalog import ROOT
 from common.report import atomic_write
 
 

@@ -2,7 +2,7 @@
 
 - a stop signal (Ctrl-C, SIGTERM from `timeout`, Slurm or CI, SIGHUP when the terminal closes, ...)
   is noted while a run is on; the runner then ends every process of the run, removes its run folder
-  and exits 128 + signal (common/launch.py's wait loop);
+  and exits 128 + signal (common/runner/launch.py's wait loop);
 - SIGKILL cannot be caught: mpiexec is made to die with the runner (Linux), its proxies then end the
   ranks, and the run folder it leaves is removed by the next run.
 """
