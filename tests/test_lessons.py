@@ -1,62 +1,88 @@
-"""Tier 3: every real lesson under mpiexec, for each NP in its YAML check list and each API, on CPU,
-with the YAML's check args and a timeout; every lesson's mpi4py GPU path at each of those NPs under the
-GPU double (tests/gpu_double: CuPy and NCCL stood in over MPI); the real-GPU cases skip with a reason
-when there is no GPU."""
-import json
+"""Tier 3: every real lesson under mpiexec with its YAML's check args, every YAML check, a timeout:
+
+  * --api mpi4py on CPU at every NP in the YAML check list (NP is what the lessons' algorithms turn on);
+  * --api torch on CPU, and the mpi4py GPU path under the GPU double (tests/gpu_double: CuPy and NCCL
+    stood in over MPI), at the check NPs up to 3: a world of one or two (where a rank's left and right
+    neighbour are one rank) and 3, the first odd NP, with uneven chunks and distinct neighbours. A
+    lesson's algorithm is one code for every API (only the backend's calls differ), so torch at NP 4
+    and 5 would repeat what the mpi4py runs check there while paying torch's import on every rank.
+    `make check`, which CI runs after `make test`, still runs the full grid: every NP on every API;
+  * the real-GPU cases skip with a reason when there is no GPU.
+
+Runs go through the runner in this process (common/runner/engine.py, as `bin/tutor run` calls it), so
+each pays for mpiexec and its ranks, not for starting another runner."""
 import os
 
 import pytest
 
 from common import devices
-from common.runner import catalog
+from common.runner import catalog, engine
 from conftest import ROOT, tutor
 
+try:
+    from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
+except ImportError:  # pragma: no cover - until tests/readable.py lands
+    def unreadable(text, nranks):
+        return []
+
 CASES, GPU_CASES, DOUBLE_CASES, BROKEN = [], [], [], []
+SMALL_NP = 3  # torch and the double run at the check NPs up to this one (the smallest, when none is)
 # GUIDE §5: an --api mpi4py CPU run imports neither torch nor CuPy; except where torch is the subject
 TORCH_ON_MPI4PY = {"08_data_parallel": "its model is a torch model; MPI only moves the gradients"}
+
+
+def small(nps):
+    return [n for n in nps if n <= SMALL_NP] or nps[:1]
+
+
 for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
     try:
-        meta = catalog.load_yaml(lesson.yaml_path)
+        meta = lesson.meta = catalog.load_yaml(lesson.yaml_path)
     except catalog.CatalogError as exc:
         BROKEN.append(pytest.param(str(exc), id=lesson.name))
         continue
+    checks = meta["np"]["check"]
     for api in meta["apis"]:
         GPU_CASES.append(pytest.param(lesson, meta, api, id=f"{lesson.name}-gpu-{api}"))
-        for n in meta["np"]["check"]:
+        for n in (checks if api == "mpi4py" else small(checks)):
             CASES.append(pytest.param(lesson, meta, n, api, id=f"{lesson.name}-np{n}-{api}"))
     if "mpi4py" in meta["apis"] and "gpu" in meta.get("devices", ["cpu", "gpu"]):
-        nps = meta["np"]["check"][:1] if lesson.name in TORCH_ON_MPI4PY else meta["np"]["check"]  # a refusal
+        nps = checks[:1] if lesson.name in TORCH_ON_MPI4PY else small(checks)  # 08: a refusal, once
         DOUBLE_CASES += [pytest.param(lesson, meta, n, id=f"{lesson.name}-np{n}") for n in nps]
 
 
-def run_case(lesson, meta, n, api, device, results, env=None):
-    proc = tutor("run", lesson.name, "-n", str(n), "--api", api, "--device", device, "--json", str(results),
-                 "--", *map(str, meta.get("args", [])), timeout=meta["timeout_s"] + 60, env=env)
-    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
-    assert proc.returncode == 0, f"{lesson.name} np={n} api={api} device={device} failed:\n{tail}"
-    assert "✗" not in proc.stdout and "PASS" in proc.stdout, tail
-    said = json.loads(results.read_text())
-    assert (said["device"], said["transport"]) == (device, devices.TRANSPORT[(api, device)]), tail
+def run_case(lesson, meta, n, api, device, capfd):
+    outcome, checks = engine.run_lesson(lesson, n, api, device, meta.get("args", []))
+    said = capfd.readouterr()
+    text = said.out + said.err
+    tail = "\n".join(text.splitlines()[-40:] + engine.explain(lesson, outcome, checks))
+    where = f"{lesson.name} np={n} api={api} device={device}"
+    assert engine.ok(outcome, checks), f"{where} failed:\n{tail}"
+    assert all(c["ok"] for c in checks), tail
+    results = outcome.results
+    assert (results["device"], results["transport"]) == (device, devices.TRANSPORT[(api, device)]), tail
     if api == "mpi4py" and device == "cpu":
-        loaded = set(json.loads(results.read_text())["loaded"])
+        loaded = set(results["loaded"])
         allowed = {"torch"} if lesson.name in TORCH_ON_MPI4PY else set()
         assert loaded <= allowed, f"an mpi4py CPU run of {lesson.name} imported {sorted(loaded - allowed)}"
+    bad = unreadable(text, n)
+    assert not bad, f"{where} printed output that is hard to read:\n" + "\n".join(bad[:10])
 
 
 @pytest.mark.parametrize("lesson, meta, n, api", CASES)
-def test_lesson_on_cpu(lesson, meta, n, api, tmp_path):
+def test_lesson_on_cpu(lesson, meta, n, api, capfd):
     if meta.get("devices") == ["gpu"]:
         pytest.skip("GPU-only lesson")
-    run_case(lesson, meta, n, api, "cpu", tmp_path / "results.json")
+    run_case(lesson, meta, n, api, "cpu", capfd)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("lesson, meta, api", GPU_CASES)
-def test_lesson_on_gpu(lesson, meta, api, tmp_path):
+def test_lesson_on_gpu(lesson, meta, api, capfd):
     ready, why = devices.gpu_ready(api, 2)
     if not ready:
         pytest.skip(f"no GPU path here: {why}")
-    run_case(lesson, meta, 2, api, "gpu", tmp_path / "results.json")
+    run_case(lesson, meta, 2, api, "gpu", capfd)
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +92,21 @@ def double(tmp_path_factory):
 
 
 @pytest.mark.parametrize("lesson, meta, n", DOUBLE_CASES)
-def test_lesson_on_the_gpu_double(lesson, meta, n, tmp_path, double):
-    """The CuPy + NCCL path, every YAML check, at every check NP: it proves the calls (signatures read
-    from the installed CuPy, syncs, groups, streams), not NCCL itself."""
+def test_lesson_on_the_gpu_double(lesson, meta, n, double, monkeypatch, capfd):
+    """The CuPy + NCCL path, every YAML check: it proves the calls (signatures read from the installed
+    CuPy, syncs, groups, streams), not NCCL itself."""
     if lesson.name in TORCH_ON_MPI4PY:  # its model runs on torch's CUDA, which the double does not stand in for
         proc = tutor("run", lesson.name, "-n", str(n), "--device", "gpu", env=double, timeout=120)
         assert proc.returncode == 2 and "torch GPU stack not usable" not in proc.stderr and \
             "cannot use CUDA" in proc.stderr, proc.stdout + proc.stderr
         return
-    run_case(lesson, meta, n, "mpi4py", "gpu", tmp_path / "results.json", env=double)
+    for key, value in double.items():
+        monkeypatch.setenv(key, value)
+    run_case(lesson, meta, n, "mpi4py", "gpu", capfd)
+
+
+def test_the_small_nps_keep_a_degenerate_world_and_an_odd_one():
+    assert small([1, 2, 3, 4, 5]) == [1, 2, 3] and small([2, 3, 4]) == [2, 3] and small([4, 8]) == [4]
 
 
 def test_every_lesson_has_valid_yaml():
