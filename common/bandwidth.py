@@ -1,4 +1,5 @@
-"""Bandwidth the way nccl-tests reports it: algbw, busbw, size sweeps, a timing loop, charts.
+"""Bandwidth the way nccl-tests reports it: algbw, busbw, size sweeps, a timing loop, a terminal chart
+(the PNG of the same is common/plot.py's).
 
     algbw = bytes / time                     (GB/s, GB = 1e9: what the caller saw)
     busbw = algbw * factor(op, n)            (what each link carried; comparable across n)
@@ -135,24 +136,3 @@ def chart(sizes_b, series, width=40):
             lines.append(f"{human(size) if i == 0 else '':>6} |{bar} {vals[j]:.3g}")
     return "\n".join(lines)
 
-
-def save_png(path, sizes_b, series, title):
-    """A log-x PNG of busbw vs size; returns a line saying what happened (matplotlib is optional)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"no PNG: matplotlib is not installed (.venv/bin/pip install matplotlib), not writing {path}"
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, vals in series.items():
-        ax.plot(sizes_b, vals, marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return f"wrote {path}"

@@ -20,8 +20,9 @@ What to watch for:
     give or take a chunk's rounding. Any correct ring passes: where the finished chunks land (chunk
     r+1 on rank r here; chunk r on rank r in MPI_Reduce_scatter_block and NCCL's ReduceScatter) is a
     convention, and it only decides which two chunks a rank never sends.
-  * --trace draws the whiteboard: rank 0's data is A, rank 1's B, ...; `A1+C1` is chunk 1 summed
-    over ranks A and C so far. NP <= 8.
+  * --trace draws the whiteboard: rank 0's data is A, rank 1's B, ...; `AC1` is chunk 1 summed
+    over ranks A and C so far. NP <= 8. --trace-png PATH draws the same run as a picture, ranks down,
+    steps across: which slice each rank sent to whom, and which it received and added.
   * section 2 races the ring against the library (MPI_Allreduce, gloo or NCCL all-reduce) with
     nccl-tests' columns; section 3 measures one neighbour exchange (alpha) and sets the ring's
     smallest-size time beside 2(N-1)*alpha and the library's, saying what the numbers show on this
@@ -32,7 +33,8 @@ Run it:
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/05_ring_allreduce.py --api mpi4py
 The full race is a benchmark (minutes on a small machine): run it raw, or give bin/tutor a --timeout:
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/05_ring_allreduce.py --bench --csv r.csv
-  (--plot r.png needs matplotlib; --json PATH keeps every row; -b/-e/-f/-n/-w as in nccl-tests)
+  (--plot r.png: busbw vs size, ring and library; --json PATH keeps every row and every rank's counts
+  from common/counting.py; -b/-e/-f/-n/-w as in nccl-tests)
 Read any nccl-tests line:  bin/tutor busbw --op allreduce --bytes B --time-us T --ranks N
 """
 import math
@@ -42,12 +44,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bandwidth, bootstrap, buffers, p2p, report, shards  # noqa: E402
+from common import bandwidth, bootstrap, buffers, counting, p2p, plot, report, shards  # noqa: E402
 
 DTYPES = ("float32", "float64", "int32")
 EPS = {"float32": 1.2e-7, "float64": 2.3e-16, "int32": 0.0}  # machine epsilon (ints: exact)
 SEED = 5                   # rank r's data comes from seed SEED + r
 TRACE_MAX_NP = 8           # letters A..H on the whiteboard
+LETTERS, DIGITS = "ABCDEFGH", "0123456789"
 RACE = dict(begin="8", end="16M", mult=8, iters=5, warmup=2)        # default run: a short race
 LIBRARY = {"mpi": "MPI_Allreduce", "gloo": "gloo all_reduce", "nccl": "ncclAllReduce"}  # who we race
 BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)     # --bench: nccl-tests' defaults
@@ -81,47 +84,55 @@ def ring_allreduce(buf, scratch, bounds, rank, n, exchange, add, after_step=None
             after_step(phase, step, send, recv)
 
 
-class Tally:
-    """Wraps an exchange and counts what this rank did: steps, bytes sent, to whom."""
-
-    def __init__(self, exchange):
-        self.exchange, self.steps, self.bytes_sent, self.dests = exchange, 0, 0, set()
-
-    def __call__(self, out, into, right, left):
-        self.steps += 1
-        self.bytes_sent += buffers.nbytes(out)
-        self.dests.add(right)
-        self.exchange(out, into, right, left)
-
-
 def inplace_add(dst, src):
     dst += src  # numpy, cupy and torch all add in place into the view
 
 
-def check_counts(ctx, args, be):
-    """Section 1: the ring vs the library on every count; per-count values for the runner."""
-    n, rank, runs, rows = ctx.world_size, ctx.rank, [], []
+def traced(exchange, bounds, grid):
+    """--trace-png: an exchange and an after_step that note, step by step, the slices this rank sent
+    (to whom) and received (from whom; added or copied), as the ring ran them."""
+    last = {}
+
+    def send_recv(out, into, dest, source):
+        last.update(dest=dest, source=source)
+        exchange(out, into, dest, source)
+
+    def after_step(phase, step, send, recv):
+        op = "add" if phase == "reduce-scatter" else "copy"
+        grid.append(([(*bounds[send], last["dest"])], [(*bounds[recv], last["source"], op)]))
+    return send_recv, after_step
+
+
+def check_counts(ctx, args, be, drawn=None):
+    """Section 1: the ring vs the library on every count; per-count values for the runner, derived from
+    what the counting communicator saw this rank send. Returns (runs, the steps of count `drawn`)."""
+    n, rank, runs, rows, grid = ctx.world_size, ctx.rank, [], [], []
+    counted = counting.Counted(be, n)  # every exchange the ring makes goes through it and is counted
     for count in args.counts:
         x = buffers.seeded(SEED + rank, count, args.dtype)
         bounds = shards.chunk_bounds(count, n)
         ring = buffers.on_device(ctx, x.copy())
         lib = buffers.on_device(ctx, x.copy())
         scratch = buffers.empty(ctx, max(b - a for a, b in bounds), args.dtype)
-        tally = Tally(be.exchange)
-        ring_allreduce(ring, scratch, bounds, rank, n, tally, inplace_add)
+        exchange, after = counted.exchange, None
+        if count == drawn and not grid:
+            exchange, after = traced(counted.exchange, bounds, grid)
+        with counted.phase(f"count {count}"):
+            ring_allreduce(ring, scratch, bounds, rank, n, exchange, inplace_add, after)
         be.allreduce(lib)
         be.sync()  # gpu work is async: finish before the host reads
         got, want = buffers.to_host(ring).astype(np.float64), buffers.to_host(lib).astype(np.float64)
         diff = np.abs(got - want)
         rel = float((diff / np.maximum(np.abs(want), 1e-30)).max()) if count else 0.0
-        runs.append({"rank": rank, "count": count, "steps": tally.steps, "bytes_sent": tally.bytes_sent,
-                     "total_sent": ctx.comm.allreduce(tally.bytes_sent),  # every rank's, added
-                     "dest_lo": min(tally.dests, default=-1), "dest_hi": max(tally.dests, default=-1),
+        seen = counted.counts[f"count {count}"]["exchange"]  # calls: steps; peers: who got a non-empty chunk
+        runs.append({"rank": rank, "count": count, "steps": seen["calls"], "bytes_sent": seen["bytes"],
+                     "total_sent": ctx.comm.allreduce(seen["bytes"]),  # every rank's, added
+                     "dest_lo": min(seen["peers"], default=-1), "dest_hi": max(seen["peers"], default=-1),
                      "mismatches": int((diff > 0).sum()), "max_rel_err": rel})
         sizes = " ".join(str(b - a) for a, b in bounds) if n <= 8 else f"{bounds[0][1] - bounds[0][0]} ..."
-        share = round(tally.bytes_sent / x.nbytes, 3) if count else "-"
-        rows.append([count, sizes, rank, tally.steps, tally.bytes_sent, share,
-                     ",".join(map(str, sorted(tally.dests))) or "-", int((diff > 0).sum()), rel])
+        share = round(seen["bytes"] / x.nbytes, 3) if count else "-"
+        rows.append([count, sizes, rank, seen["calls"], seen["bytes"], share,
+                     ",".join(map(str, seen["peers"])) or "-", int((diff > 0).sum()), rel])
     every = ctx.comm.gather(rows, root=0)
     if rank == 0:  # one table: a count's shared columns once, then one row per rank
         table = [row if r == 0 else ["", ""] + row[2:] for i in range(len(rows)) for r, row in
@@ -130,14 +141,15 @@ def check_counts(ctx, args, be):
                             "#differ", "max rel err"], table,
                            align=[True, False, True, True, True, True, False, True, True]))
         print(f"x buffer: bytes sent / buffer bytes, 2(N-1)/N = {2 * (n - 1) / n:.3g} give or take "
-              "a chunk's rounding", flush=True)
-    return runs
+              "a chunk's rounding\nto: the ranks this rank sent a non-empty chunk to", flush=True)
+    return runs, counted.counts, grid
 
 
 def whiteboard(ctx, count):
-    """--trace: the same ring on symbols. Chunk j of rank r starts as letter(r)+j; adds join names."""
+    """--trace: the same ring on symbols. Chunk j of rank r starts as letter(r)+j; an add joins the
+    letters (`AC1` is chunk 1 of ranks A and C added)."""
     n, rank = ctx.world_size, ctx.rank
-    letter = "ABCDEFGH"[rank]
+    letter = LETTERS[rank]
     bounds = [(j, j + 1) for j in range(n)]  # one symbol per chunk
     board = np.array([f"{letter}{j}" for j in range(n)], dtype=object)
     scratch = np.empty(n, dtype=object)
@@ -145,17 +157,17 @@ def whiteboard(ctx, count):
     def exchange(out, into, right, left):  # symbols travel as real messages, over MPI
         into[:] = ctx.comm.sendrecv(list(out), dest=right, source=left)
 
-    def add(dst, src):
-        dst[:] = ["+".join(sorted(a.split("+") + b.split("+"))) for a, b in zip(dst, src)]
+    def add(dst, src):  # chunk j on both sides: join the letters, keep the j
+        dst[:] = ["".join(sorted(a.rstrip(DIGITS) + b.rstrip(DIGITS))) + a.lstrip(LETTERS) for a, b in zip(dst, src)]
 
     def show(phase, step, send, recv):
         report.section(ctx, f"step {step + 1}/{2 * (n - 1)}  {phase}")
-        report.say(ctx, f"sent chunk {send} right to {(rank + 1) % n}, got chunk {recv} from "
-                        f"{(rank - 1) % n}   now: " + " | ".join(board))
+        report.say(ctx, f"chunk {send} -> {(rank + 1) % n}, chunk {recv} <- {(rank - 1) % n}   now: "
+                        + " ".join(board))
 
     report.section(ctx, f"whiteboard: {n} ranks, count {count} in chunks of "
                         f"{[b - a for a, b in shards.chunk_bounds(count, n)]}; start")
-    report.say(ctx, " | ".join(board))
+    report.say(ctx, " ".join(board))
     ring_allreduce(board, scratch, bounds, rank, n, exchange, add, after_step=show)
 
 
@@ -260,10 +272,11 @@ def main():
                         help="element counts to run the ring on (default 0,1,N-1,7,1000003)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--trace", action="store_true", help="the symbolic whiteboard, per step and rank")
+    parser.add_argument("--trace-png", metavar="PNG", help="the ring's steps as a rank x step picture")
     bandwidth.add_sweep_flags(parser, BENCH)
     parser.add_argument("--no-race", action="store_true", help="only the checked ring (section 1)")
     parser.add_argument("--csv", metavar="PATH", help="write the race table as CSV")
-    parser.add_argument("--plot", metavar="PNG", help="busbw vs size as a PNG (needs matplotlib)")
+    parser.add_argument("--plot", metavar="PNG", help="busbw vs size, ring and library, as a PNG")
     args, ctx = bootstrap.start(__file__, parser)
     n = ctx.world_size
     if args.counts is None:
@@ -274,20 +287,30 @@ def main():
         pick, sweep = bandwidth.sweep_plan(args, RACE, BENCH)  # -b/-e/-f/-n/-w given win over the plan's
     except ValueError as exc:
         ctx.fail(str(exc))
+    raced = not args.no_race and n > 1
+    for flag, path in (("--plot", args.plot), ("--trace-png", args.trace_png)):
+        problem = path and plot.cannot_write(path)  # said before any work, not after the race
+        if problem or (flag == "--plot" and path and not raced):
+            ctx.fail(f"{flag} {problem or 'draws the race: it needs 2+ ranks and no --no-race'}")
     be = p2p.backend(ctx)  # exchange: comm.Sendrecv / grouped ncclSend+ncclRecv / batch_isend_irecv
     itemsize = np.dtype(args.dtype).itemsize
-    raced = not args.no_race and n > 1
+    drawn = min(args.counts, key=lambda c: (c < n, c))  # the smallest count with a chunk for every rank
     params = {"dtype": args.dtype, "itemsize": itemsize, "race": int(raced), "counts": args.counts}
 
     if args.trace:
-        whiteboard(ctx, min(args.counts, key=lambda c: (c < n, c)))
+        whiteboard(ctx, drawn)
 
     report.section(ctx, f"1. the ring on {n} ranks, {args.dtype}, api {ctx.api} ({ctx.transport}), "
                         f"vs the library's all-reduce")
-    runs = check_counts(ctx, args, be)
+    runs, counts, grid = check_counts(ctx, args, be, drawn)
     if args.dtype != "int32" and ctx.rank == 0:
         print(f"floats: the ring adds chunk j's N pieces in ring order, the library in its own; float\n"
               f"addition is not associative, so allow (N-1)*eps = {(n - 1) * EPS[args.dtype]:.2g} of sum|x|",
+              flush=True)
+    grids = ctx.comm.gather(grid, root=0)  # every rank's steps, as it ran them
+    if args.trace_png and ctx.rank == 0:
+        print(plot.schedule_png(args.trace_png, {f"ring all-reduce, count {drawn}": grids}, drawn,
+                                f"who sends which slice to whom: {n} ranks, api {ctx.api} ({ctx.transport})"),
               flush=True)
     summary = {}
     if raced:
@@ -311,14 +334,14 @@ def main():
                 report.write_csv(args.csv, rows)
                 print(f"wrote {args.csv}")
             if args.plot:
-                print(bandwidth.save_png(args.plot, [r["size"] for r in rows],
-                                         {"ring": [r["ring_busbw"] for r in rows],
-                                          "library": [r["lib_busbw"] for r in rows]},
-                                         f"all-reduce busbw, {n} ranks, {ctx.transport}"))
+                print(plot.busbw_png(args.plot, [r["size"] for r in rows],
+                                     {"ring (by hand)": [r["ring_busbw"] for r in rows],
+                                      LIBRARY[ctx.transport]: [r["lib_busbw"] for r in rows]},
+                                     f"all-reduce busbw, {n} ranks, api {ctx.api} ({ctx.transport})"))
         big = rows[-1]
         summary = {"race": rows, "alpha_us": alpha * 1e6, "busbw_ring_GBps": big["ring_busbw"],
                    "busbw_lib_GBps": big["lib_busbw"], "race_wrong": sum(r["wrong"] for r in rows)}
-    report.finish(ctx, {"runs": runs}, summary=summary, params=params)
+    report.finish(ctx, {"runs": runs, "comm": counts}, summary=summary, params=params)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""common.bandwidth: busbw factors, size sweeps, the busbw explanation, the chart (no MPI)."""
+"""common.bandwidth: busbw factors, size sweeps, the busbw explanation, the terminal chart (no MPI)."""
 import pytest
 
 from common import bandwidth
@@ -65,15 +65,3 @@ def test_chart_scales_bars_to_the_largest():
     lines = text.splitlines()
     assert "#" * 10 + " 2" in lines[3] and "=" * 5 + " 1" in lines[4] and lines[1].startswith("    1K")
 
-
-def test_save_png_without_matplotlib_says_so(tmp_path, monkeypatch):
-    import builtins
-    real = builtins.__import__
-
-    def no_mpl(name, *a, **k):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real(name, *a, **k)
-    monkeypatch.setattr(builtins, "__import__", no_mpl)
-    msg = bandwidth.save_png(str(tmp_path / "x.png"), [8], {"ring": [1.0]}, "t")
-    assert "matplotlib is not installed" in msg and not (tmp_path / "x.png").exists()
