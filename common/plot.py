@@ -129,5 +129,5 @@ def schedule_png(path, grids, count, title):
     fig.legend(handles=[Patch(color=f"C{r % 10}", label=f"rank {r}") for r in range(n)],
                loc="upper right", fontsize=7, ncol=min(n, 8), title="to / from", title_fontsize=7)
     fig.suptitle(title, fontsize=10, x=0.02, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / fig.get_figheight()))  # room for the title and legend
     return _save(plt, fig, path)

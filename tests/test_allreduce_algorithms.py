@@ -1,18 +1,20 @@
-"""Lesson 07's schedules simulated in one process (no MPI): sums, matching messages, closed forms,
-the double binary tree's shape, the TRG formulas and the tuner's switch table."""
+"""Lesson 07 and its modules (lessons/zoo_schedules.py, zoo_model.py, zoo_tuner.py) in one process (no
+MPI): every schedule's sums, matching messages, closed forms, the double binary tree's shape, the TRG
+formulas, the reasons the model misses, and the tuner's switch table."""
 import math
 
 import numpy as np
 import pytest
 
 from conftest import load_lesson
+from lessons import zoo_model as costs, zoo_schedules as sched, zoo_tuner as tuner
 
-zoo = load_lesson("07_allreduce_algorithms.py")
+zoo = load_lesson("07_allreduce_algorithms.py")  # the schedules' dispatch, Rabenseifner's, the switch table
 ALGOS = zoo.ALGOS
 
 
 def scheds(algo, n, count, k=3):
-    return [zoo.canonical(zoo.schedule(algo, r, n, count, k)) for r in range(n)]
+    return [sched.canonical(zoo.schedule(algo, r, n, count, k)) for r in range(n)]
 
 
 def simulate(algo, n, count, k=3):
@@ -65,7 +67,7 @@ def lg(n):
 @pytest.mark.parametrize("n", range(1, 18))
 def test_closed_forms_rounds_and_bytes(n):
     count = 64 * 1024  # divisible by every power of two <= 16
-    p2, r = zoo.fold(n)
+    p2, r = sched.fold(n)
     fl = p2.bit_length() - 1
     # ring: 2(n-1) rounds, 2(n-1)/n of the buffer
     _, _, t = simulate("ring", n, count)
@@ -94,37 +96,37 @@ def test_closed_forms_rounds_and_bytes(n):
         _, _, t = simulate("dbt", n, count, k)
         assert sum(x["sent"] for x in t) == 2 * (n - 1) * count
         if n > 1:
-            assert len(scheds("dbt", n, count, k)[0]) == k + 2 * zoo.dbt_depth(n) - 1
+            assert len(scheds("dbt", n, count, k)[0]) == k + 2 * sched.dbt_depth(n) - 1
 
 
 @pytest.mark.parametrize("n", range(2, 18))
 def test_double_binary_tree_shape(n):
-    first, second = zoo.dbt_trees(n)
+    first, second = sched.dbt_trees(n)
     for tree in (first, second):
         assert sum(1 for r in tree if tree[r][0] < 0) == 1  # one root
         assert all(len(tree[r][1]) <= 2 for r in tree)  # binary
         for r in tree:  # parent and child agree
             for kid in tree[r][1]:
                 assert tree[kid][0] == r
-        assert len(zoo.depths(tree)) == n  # every rank reaches the root
+        assert len(sched.depths(tree)) == n  # every rank reaches the root
     inner = lambda t: {r for r in t if t[r][1]}  # noqa: E731
     both = inner(first) & inner(second)
     if n % 2 == 0:
         assert not both, f"n={n}: ranks {both} are inner in both trees"
     else:
         assert len(both) <= 1  # odd n: the shift leaves at most one rank inner twice
-    assert zoo.dbt_depth(n) == max(zoo.depths(first).values())
+    assert sched.dbt_depth(n) == max(sched.depths(first).values())
 
 
 def test_trg_formulas_at_a_hand_computed_point():
     a, b, g, n, nb = 2e-6, 1e-9, 5e-10, 4, 1000
-    assert zoo.predict("ring", n, nb, a, b, g) == pytest.approx(6 * a + 1.5 * nb * b + 0.75 * nb * g)
-    assert zoo.predict("rd", n, nb, a, b, g) == pytest.approx(2 * (a + nb * b + nb * g))
-    assert zoo.predict("rabenseifner", n, nb, a, b, g) == pytest.approx(4 * a + 1.5 * nb * b + 0.75 * nb * g)
-    assert zoo.predict("tree", n, nb, a, b, g) == pytest.approx(4 * (a + nb * b) + 2 * nb * g)
+    assert costs.predict("ring", n, nb, a, b, g) == pytest.approx(6 * a + 1.5 * nb * b + 0.75 * nb * g)
+    assert costs.predict("rd", n, nb, a, b, g) == pytest.approx(2 * (a + nb * b + nb * g))
+    assert costs.predict("rabenseifner", n, nb, a, b, g) == pytest.approx(4 * a + 1.5 * nb * b + 0.75 * nb * g)
+    assert costs.predict("tree", n, nb, a, b, g) == pytest.approx(4 * (a + nb * b) + 2 * nb * g)
     # n = 5: rd on the 4-rank core plus the pre/post steps
-    assert zoo.predict("rd", 5, nb, a, b, g) == pytest.approx(2 * (a + nb * b + nb * g) + 2 * a + 2 * nb * b + nb * g)
-    assert zoo.predict("tree", 5, nb, a, b, g) == pytest.approx(6 * (a + nb * b) + 3 * nb * g)
+    assert costs.predict("rd", 5, nb, a, b, g) == pytest.approx(2 * (a + nb * b + nb * g) + 2 * a + 2 * nb * b + nb * g)
+    assert costs.predict("tree", 5, nb, a, b, g) == pytest.approx(6 * (a + nb * b) + 3 * nb * g)
 
 
 @pytest.mark.parametrize("algo", ["tree", "rd", "rabenseifner", "ring"])
@@ -132,14 +134,14 @@ def test_trg_formulas_at_a_hand_computed_point():
 def test_schedule_cost_agrees_with_trg(algo, n):
     a, b, g, nb = 3e-6, 2e-10, 4e-10, 840 * 64  # every n here divides it
     per_rank = [zoo.schedule(algo, r, n, nb) for r in range(n)]
-    assert zoo.schedule_cost(per_rank, a, b, g) == pytest.approx(zoo.predict(algo, n, nb, a, b, g))
+    assert costs.schedule_cost(per_rank, a, b, g) == pytest.approx(costs.predict(algo, n, nb, a, b, g))
 
 
 def test_dbt_chunks_rule():
-    assert zoo.dbt_chunks(1, 1 << 20, 1e-6, 1e-10) == 1
-    D = zoo.dbt_depth(4)
-    assert zoo.dbt_chunks(4, 1 << 20, 1e-6, 1e-10) == round(math.sqrt((2 * D - 1) * 2 * (1 << 20) * 1e-10 / 1e-6))
-    assert zoo.dbt_chunks(4, 1 << 30, 1e-6, 1e-9) == zoo.KMAX
+    assert costs.dbt_chunks(1, 1 << 20, 1e-6, 1e-10) == 1
+    D = sched.dbt_depth(4)
+    assert costs.dbt_chunks(4, 1 << 20, 1e-6, 1e-10) == round(math.sqrt((2 * D - 1) * 2 * (1 << 20) * 1e-10 / 1e-6))
+    assert costs.dbt_chunks(4, 1 << 30, 1e-6, 1e-9) == costs.KMAX
 
 
 def test_switch_table_on_made_up_timings():
@@ -147,10 +149,10 @@ def test_switch_table_on_made_up_timings():
              1 << 20: {"rd": 50.0, "ring": 20.0, "tree": 60.0}, 1 << 24: {"rd": 500.0, "ring": 300.0, "tree": 200.0}}
     table = zoo.switch_table(times)
     assert table == [(4096, "rd"), (65536, "ring"), (1 << 20, "ring"), (1 << 24, "tree")]
-    assert zoo.switch_points(table) == "<= 4K: rd, <= 1M: ring, else tree"
-    assert zoo.choose(table, 100) == "rd"  # below the table: the smallest size's choice
-    assert zoo.choose(table, 65535) == "rd" and zoo.choose(table, 65536) == "ring"
-    assert zoo.choose(table, 1 << 30) == "tree"
+    assert tuner.switch_points(table) == "<= 4K: rd, <= 1M: ring, else tree"
+    assert tuner.choose(table, 100) == "rd"  # below the table: the smallest size's choice
+    assert tuner.choose(table, 65535) == "rd" and tuner.choose(table, 65536) == "ring"
+    assert tuner.choose(table, 1 << 30) == "tree"
 
 
 @pytest.mark.parametrize("tuned, lib, noise, rounds, verdict", [
@@ -160,7 +162,7 @@ def test_switch_table_on_made_up_timings():
 ])
 def test_a_lost_size_is_told_apart_from_noise_and_python(tuned, lib, noise, rounds, verdict):
     row = {"tuned_us": tuned, "lib_us": lib, "noise_us": noise, "rounds": rounds}
-    assert zoo.gap_verdict(row, overhead=1e-6).startswith(verdict)
+    assert tuner.gap_verdict(row, overhead=1e-6).startswith(verdict)
 
 
 def said(model, n=2, cores=2, transport="mpi", walk=1e-7, mrows=(), algos=()):
@@ -171,14 +173,14 @@ def said(model, n=2, cores=2, transport="mpi", walk=1e-7, mrows=(), algos=()):
     real = os.sched_getaffinity
     os.sched_getaffinity = lambda pid: set(range(cores))
     try:
-        return zoo.reasons(ctx, model, walk, list(mrows), list(algos))
+        return costs.reasons(ctx, model, walk, list(mrows), list(algos))
     finally:
         os.sched_getaffinity = real
 
 
 def line_model(beta_ring=1e-10, step_at=None, jump=0.0):
     """A ping-pong on one straight line (alpha 2 us, 10 GB/s), with an optional step up after `step_at` B."""
-    pts = [(b, 2e-6 + b * 1e-10 + (jump if step_at is not None and b > step_at else 0.0)) for b in zoo.PING]
+    pts = [(b, 2e-6 + b * 1e-10 + (jump if step_at is not None and b > step_at else 0.0)) for b in costs.PING]
     return dict(alpha=2e-6, beta=1e-10, gamma=1e-11, beta_ring=beta_ring, pingpong=pts)
 
 
@@ -196,7 +198,7 @@ def test_the_concurrent_beta_is_told_by_what_the_run_shows(beta_ring, n, cores, 
                                             ("nccl", "NCCL_PROTO")])
 def test_a_step_in_the_ping_pong_is_found_where_it_is_and_named_per_transport(transport, why):
     model = line_model(step_at=8192, jump=6e-6)  # +6 us from 8 KiB to 16 KiB: the slope predicts +0.8 us
-    assert zoo.ping_step(model["pingpong"], 2e-6, 1e-10)[:2] == (8192, 16384)
+    assert costs.ping_step(model["pingpong"], 2e-6, 1e-10)[:2] == (8192, 16384)
     (c,) = [line for line in said(model, transport=transport) if line.startswith("(c)")]
     assert "at 8192 B" in c and "at 16384 B" in c and why in c, c
     if transport != "mpi":
@@ -204,15 +206,15 @@ def test_a_step_in_the_ping_pong_is_found_where_it_is_and_named_per_transport(tr
 
 
 def test_no_step_no_protocol_story():
-    assert zoo.ping_step(line_model()["pingpong"], 2e-6, 1e-10) is None
+    assert costs.ping_step(line_model()["pingpong"], 2e-6, 1e-10) is None
     spike = line_model()["pingpong"]
     spike[5] = (spike[5][0], spike[5][1] + 50e-6)  # one noisy size, back on the line after it
-    assert zoo.ping_step(spike, 2e-6, 1e-10) is None
+    assert costs.ping_step(spike, 2e-6, 1e-10) is None
     assert not [line for line in said(line_model()) if line.startswith(("(c)", "(d)", "(a)"))]
 
 
 def test_python_per_round_is_said_only_where_it_weighs():
-    row = {"size": 4096, "k": 1, "ring_us": 10.0}
+    row = {"size": 4096, "k": 1, "ring_us": 10.0, "ring_rounds": 6}
     heavy = said(line_model(), n=4, cores=4, walk=1e-6, mrows=[row], algos=["ring"])   # 6 rounds x 1 us of 10 us
     light = said(line_model(), n=4, cores=4, walk=1e-8, mrows=[row], algos=["ring"])
     assert any(line.startswith("(e)") and "60%" in line for line in heavy)
@@ -222,22 +224,22 @@ def test_python_per_round_is_said_only_where_it_weighs():
 def test_mismatch_accepts_every_schedule_and_names_a_broken_one():
     for algo in ALGOS:
         for n in (1, 2, 3, 5, 8):
-            assert zoo.mismatch(scheds(algo, n, 10)) is None, (algo, n)
+            assert sched.mismatch(scheds(algo, n, 10)) is None, (algo, n)
     broken = scheds("ring", 3, 9)
     sends, recvs = broken[0][0]
     broken[0][0] = ([(0, 2, sends[0][2])], recvs)  # rank 0 sends a slice its neighbour does not expect
-    assert zoo.mismatch(broken) == "round 0: rank 0 sends slices [(0, 2)] to rank 1, which expects [(0, 3)]"
-    assert "different numbers of rounds" in zoo.mismatch([scheds("ring", 3, 9)[0][:-1]] + scheds("ring", 3, 9)[1:])
+    assert sched.mismatch(broken) == "round 0: rank 0 sends slices [(0, 2)] to rank 1, which expects [(0, 3)]"
+    assert "different numbers of rounds" in sched.mismatch([scheds("ring", 3, 9)[0][:-1]] + scheds("ring", 3, 9)[1:])
 
 
 @pytest.mark.parametrize("n", range(2, 18))
 def test_dbt_cost_bound_from_the_docstring(n):
     """Busiest rank per round: at most 4 chunks sent and 2 added, so the cost is bounded as stated."""
     k, half = 8, 1000
-    per_rank = [zoo.dbt_schedule(r, n, 2 * k * half, k) for r in range(n)]
+    per_rank = [sched.dbt_schedule(r, n, 2 * k * half, k) for r in range(n)]
     for rounds in per_rank:
         for sends, recvs in rounds:
             assert sum(hi - lo for lo, hi, _ in sends) <= 4 * half
             assert sum(hi - lo for lo, hi, _, op in recvs if op == "add") <= 2 * half
-    a, b, g, nb, D = 1e-6, 1e-9, 1e-9, 2 * k * half, zoo.dbt_depth(n)
-    assert zoo.schedule_cost(per_rank, a, b, g) <= (k + 2 * D - 1) * (a + 2 * nb / k * b + nb / k * g) + 1e-15
+    a, b, g, nb, D = 1e-6, 1e-9, 1e-9, 2 * k * half, sched.dbt_depth(n)
+    assert costs.schedule_cost(per_rank, a, b, g) <= (k + 2 * D - 1) * (a + 2 * nb / k * b + nb / k * g) + 1e-15
