@@ -55,6 +55,12 @@ Run it:
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/07_allreduce_algorithms.py --api mpi4py
 The full sweep is a benchmark (minutes on a small machine): run it raw, or give bin/tutor a --timeout:
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/07_allreduce_algorithms.py --bench --csv t.csv
+  (--plot m.png: measured vs predicted time per algorithm; --trace-png s.png: every algorithm's rounds
+  on one count as run, ranks down, rounds across; --json PATH keeps each rank's counted messages)
+
+Where the rest is: this file holds the idea you write (Rabenseifner's halving, the tuner's pick), the
+checks of section 1 and main(). lessons/zoo_schedules.py holds the other schedules and the executor,
+lessons/zoo_model.py the model and its measurement (section 2), lessons/zoo_tuner.py the race (section 3).
 """
 import argparse
 import math
