@@ -108,7 +108,8 @@ def check_counts(ctx, args, be, drawn=None):
     what the counting communicator saw this rank send. Returns (runs, the steps of count `drawn`)."""
     n, rank, runs, rows, grid = ctx.world_size, ctx.rank, [], [], []
     counted = counting.Counted(be, n)  # every exchange the ring makes goes through it and is counted
-    for count in args.counts:
+    for i, count in enumerate(args.counts):
+        label = f"run {i}: count {count}"  # one phase per run: a count may be listed twice (N-1 = 1)
         x = buffers.seeded(SEED + rank, count, args.dtype)
         bounds = shards.chunk_bounds(count, n)
         ring = buffers.on_device(ctx, x.copy())
@@ -117,14 +118,15 @@ def check_counts(ctx, args, be, drawn=None):
         exchange, after = counted.exchange, None
         if count == drawn and not grid:
             exchange, after = traced(counted.exchange, bounds, grid)
-        with counted.phase(f"count {count}"):
+        with counted.phase(label):
             ring_allreduce(ring, scratch, bounds, rank, n, exchange, inplace_add, after)
         be.allreduce(lib)
         be.sync()  # gpu work is async: finish before the host reads
         got, want = buffers.to_host(ring).astype(np.float64), buffers.to_host(lib).astype(np.float64)
         diff = np.abs(got - want)
         rel = float((diff / np.maximum(np.abs(want), 1e-30)).max()) if count else 0.0
-        seen = counted.counts[f"count {count}"]["exchange"]  # calls: steps; peers: who got a non-empty chunk
+        seen = counted.counts.get(label, {}).get("exchange", {"calls": 0, "bytes": 0, "peers": []})  # 1 rank: none
+        # calls: the ring's steps; bytes: what this rank sent; peers: the ranks it sent a non-empty chunk to
         runs.append({"rank": rank, "count": count, "steps": seen["calls"], "bytes_sent": seen["bytes"],
                      "total_sent": ctx.comm.allreduce(seen["bytes"]),  # every rank's, added
                      "dest_lo": min(seen["peers"], default=-1), "dest_hi": max(seen["peers"], default=-1),

@@ -158,7 +158,7 @@ def check_counts(ctx, args, be, model, drawn=None):
     n, rank, itemsize = ctx.world_size, ctx.rank, np.dtype(args.dtype).itemsize
     results, rows, traces = {a: [] for a in args.algos}, [], {}
     counted = counting.Counted(be, n)
-    for count in args.counts:
+    for i, count in enumerate(args.counts):
         x = buffers.seeded(SEED + rank, count, args.dtype)
         lib = buffers.on_device(ctx, x.copy())
         be.allreduce(lib)
@@ -167,7 +167,7 @@ def check_counts(ctx, args, be, model, drawn=None):
         k = dbt_chunks(n, count * itemsize, model["alpha_all"], model["beta_ring"])  # dbt's pipeline depth
         for algo in args.algos:
             buf = buffers.on_device(ctx, x.copy())
-            label = f"{algo} count {count}"
+            label = f"{algo} run {i}: count {count}"  # one phase per run: a count may be listed twice
             trace = traces.setdefault(algo, []) if count == drawn and algo not in traces else None
             with counted.phase(label):
                 plan(ctx, algo, count, k, buf, args.dtype).run(counted, trace)
@@ -315,9 +315,9 @@ def main():
         if modeled:
             show_model(ctx, args, model, mrows, walk)
             if args.plot:
-                print(plot.times_png(args.plot, [r["size"] for r in mrows],
-                                     {a: ([r[f"{a}_us"] * 1e-6 for r in mrows], [r[f"{a}_pred_us"] * 1e-6 for r in mrows])
-                                      for a in args.algos},
+                pairs = {a: ([r[f"{a}_us"] * 1e-6 for r in mrows], [r[f"{a}_pred_us"] * 1e-6 for r in mrows])
+                         for a in args.algos}  # measured, predicted
+                print(plot.times_png(args.plot, [r["size"] for r in mrows], pairs,
                                      f"all-reduce on {n} ranks, api {ctx.api} ({ctx.transport}): measured vs "
                                      "alpha-beta model"))
         else:
