@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from common.runner import catalog, engine, exercise, launch, practice
+from common.runner import catalog, engine, exercise, grading, launch, practice
 from conftest import FIXTURES, ROOT, tutor
 
 PRACTICE_FIXTURES = os.path.join(FIXTURES, "exercise_lessons")  # .gitignore hides "practice/"
@@ -85,6 +85,93 @@ def test_stub_of_one_region_leaves_the_others():
     assert space["f"](0) == 1  # the first region still runs
     with pytest.raises(NotImplementedError, match="exercise second"):
         space["f"](1)
+
+
+# ---- grading one idea at a time (common/runner/grading.py) ---------------------------------------
+
+def _written(first=None, second=None):
+    """The learner's copy of SOURCE with a region's TODO replaced by `first` / `second` lines."""
+    stub = exercise.make_stub(SOURCE, "07")
+    lines = stub.splitlines(keepends=True)
+    for r in reversed(exercise.find_regions(stub)):
+        code = {"first": first, "second": second}[r.name]
+        if code is not None:
+            lines[r.begin:r.end - 1] = [r.indent + c + "\n" for c in code]
+    return "".join(lines)
+
+
+def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, monkeypatch):
+    mine = _written(first=["y = x + 1", "y = y + 0", "z = y * 2", "assert x != 5, 'mine'"])
+    plan = grading.plan(SOURCE, mine, "practice/f.py", "lessons/f.py", "07")
+    assert (plan.mine, plan.reference) == (["first"], ["second"])
+    assert plan.notes() == ["exercise second: still the TODO, so the lesson's reference runs in its place; "
+                            "graded: your first"]
+    launched = plan.text.splitlines()
+    at = launched.index("        return z")  # the reference's line, at the copy's indentation
+    assert plan.origin[at] == ("lessons/f.py", 9)
+    mine_at = launched.index("    assert x != 5, 'mine'")
+    assert plan.origin[mine_at] == ("practice/f.py", mine.splitlines().index("    assert x != 5, 'mine'") + 1)
+    monkeypatch.setenv("TUTOR_RUN_DIR", str(tmp_path))
+    space = {}
+    exec(compile(plan.text, "launched.py", "exec"), space)
+    assert space["f"](0) == 1 and sorted(os.listdir(tmp_path)) == ["ran-first"]
+    assert space["f"](1) == 4 and sorted(os.listdir(tmp_path)) == ["ran-first", "ran-second"]
+    with pytest.raises(AssertionError) as err:  # and what a traceback says maps back to the copy
+        space["f"](5)
+    out = launch.Outcome(rc=1, seconds=0, errors={0: f"AssertionError: mine (launched.py:{mine_at + 1})"},
+                         tail=[f'  File "launched.py", line {at + 1}, in f'],
+                         stacks={0: [("f", f"launched.py:{mine_at + 1}")]})
+    grading.relabel(out, plan, "launched.py")
+    line = plan.origin[mine_at][1]
+    assert out.errors[0] == f"AssertionError: mine (practice/f.py:{line})" and "mine" in str(err.value)
+    assert out.tail == ['  File "lessons/f.py", line 9, in f'] and out.stacks[0] == [("f", f"practice/f.py:{line}")]
+
+
+def test_a_copy_with_nothing_written_is_refused_before_a_launch():
+    with pytest.raises(practice.PracticeError, match=r"nothing to check yet: .*first \(practice/f.py:4\), "
+                                                     r"second \(practice/f.py:9\).*no run was started"):
+        grading.plan(SOURCE, exercise.make_stub(SOURCE, "07"), "practice/f.py", "lessons/f.py", "07")
+    both = grading.plan(SOURCE, _written(first=["y = 3", "z = 4"], second=["return 0"]), "p.py", "l.py", "07")
+    assert both.mine == ["first", "second"] and both.reference == [] and both.notes() == []
+
+
+def test_a_run_that_never_reached_your_code_is_not_graded():
+    plan = grading.Plan("p.py", "l.py", "", mine=["spread"], reference=["double"])
+    passed = launch.Outcome(rc=0, seconds=0, ran={"double"})
+    assert practice.graded_verdict(plan, passed, "pass", [])[0] == "not graded"
+    failed = practice.graded_verdict(plan, passed, "fail", ["check failed: x"])
+    assert failed == ("fail", ["check failed: x", "(this run never reached your spread)"])
+    assert practice.graded_verdict(plan, launch.Outcome(rc=0, seconds=0, ran={"spread"}), "pass", []) == ("pass", [])
+
+
+def test_one_idea_at_a_time(sandbox):
+    """03_two_ideas: `double` runs at every NP, `spread` only above one rank. The untouched copy is
+    refused before a launch; a wrong `double` fails its own check while `spread` runs the reference;
+    a right `spread` passes where it runs and the NP 1 run, which never reaches it, is not graded."""
+    env = dict(os.environ)
+    assert tutor("practice", "03", env=env).returncode == 0
+    path = os.path.join(sandbox, "practice", "03_two_ideas.py")
+    stub = open(path).read()
+    untouched = tutor("check", "03", "--mine", env=env)
+    assert untouched.returncode == 1 and "lesson  np" not in untouched.stdout, untouched.stdout
+    assert "nothing to check yet" in untouched.stderr and "03_two_ideas.py:13" in untouched.stderr
+
+    def fill(region, code):
+        return stub.replace(f'raise NotImplementedError("exercise {region}: not done yet")', code)
+    open(path, "w").write(fill("double", "y = x + x + 1"))
+    wrong = tutor("check", "03", "--mine", env=env)
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    assert "note: exercise spread: still the TODO, so the lesson's reference runs in its place" in wrong.stdout
+    assert 'check failed: "double gives twice rank+1"' in wrong.stderr and "spread hears" not in wrong.stderr
+    assert "not done yet" not in wrong.stderr and "2 failed" in wrong.stdout
+    open(path, "w").write(fill("spread", "got = ctx.comm.allgather(ctx.rank)"))
+    right = tutor("check", "03", "--mine", env=env)
+    assert right.returncode == 0, right.stdout + right.stderr
+    rows = [l.split() for l in right.stdout.splitlines() if l.startswith("03_two_ideas ")]
+    assert [(r[1], r[-1]) for r in rows] == [("1", "graded"), ("2", "✓")], right.stdout
+    assert "1 passed, 0 failed, 1 not graded" in right.stdout
+    assert "never reached your spread" in right.stderr
+    assert "next, write exercise double" in right.stdout and practice.state(catalog.resolve("03")) == "in progress"
 
 
 # ---- the learner's copy, progress, hints, solution ---------------------------------------------
@@ -187,15 +274,26 @@ def test_hints_come_one_at_a_time_and_are_remembered(sandbox):
     assert json.load(open(practice.progress_path()))["01_sum"]["hints"] == 2
 
 
+def test_a_pass_counts_only_what_was_graded(sandbox):
+    lesson = catalog.resolve("01")
+    half = grading.Plan("p.py", "l.py", "", mine=["allreduce"], reference=["other"])
+    assert "next, write exercise other" in practice.record(lesson, ["pass", "pass"], half, full=True)
+    yours = grading.Plan("p.py", "l.py", "", mine=["allreduce"])
+    assert "nothing was graded" in practice.record(lesson, ["not graded", "blocked"], yours, full=True)
+    assert "not yet" in practice.record(lesson, ["pass", "not run"], yours, full=True)
+    assert practice.state(lesson) == "in progress"
+
+
 def test_solution_waits_for_a_full_pass(sandbox):
     lesson = catalog.resolve("01")
     assert practice.state(lesson) == "not started"
     with pytest.raises(practice.PracticeError, match="solve it first"):
         practice.solution(lesson)
     assert "op=MPI.SUM" in practice.solution(lesson, force=True)
-    practice.record(lesson, passed=True, full=False)  # one NP only: not yet
+    yours = grading.Plan("p.py", "l.py", "", mine=["allreduce"])
+    practice.record(lesson, ["pass"], yours, full=False)  # one NP only: not yet
     assert practice.state(lesson) == "in progress"
-    practice.record(lesson, passed=True, full=True)
+    practice.record(lesson, ["pass", "not graded"], yours, full=True)
     assert practice.state(lesson) == "passed"
     assert "value = ctx.comm.allreduce(ctx.rank + 1, op=MPI.SUM)" in practice.solution(lesson)
 
@@ -217,9 +315,9 @@ def test_practice_check_fix_pass_list(sandbox):
     first = tutor("practice", "01", env=env)
     assert first.returncode == 0 and "exercise allreduce" in first.stdout, first.stderr
     assert tutor("practice", "01", env=env).returncode == 2
-    stub = tutor("check", "01", "--mine", env=env)
-    assert stub.returncode == 1
-    assert "exercise 'allreduce' is not done yet" in stub.stderr and "01_sum.py:12-13" in stub.stderr, stub.stderr
+    stub = tutor("check", "01", "--mine", env=env)  # nothing written yet: found before any launch
+    assert stub.returncode == 1 and "checking" not in stub.stdout + stub.stderr, stub.stdout
+    assert "nothing to check yet" in stub.stderr and "01_sum.py:12" in stub.stderr, stub.stderr
     assert "in progress" in tutor("list", env=env).stdout
     assert tutor("solution", "01", env=env).returncode == 2
     path = os.path.join(sandbox, "practice", "01_sum.py")
@@ -246,7 +344,7 @@ def test_syntax_error_in_the_copy_is_named_with_file_and_line(sandbox):
                                   "value = ctx.comm.allreduce(ctx.rank + 1 op=MPI.SUM)")
     open(path, "w").writelines(lines)
     proc = tutor("check", "01", "--mine", env=env)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == engine.EXIT["crash"] and "Traceback" not in proc.stderr, proc.stderr
     said = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(said) == 1 and f"01_sum.py:{at + 1}: SyntaxError: " in said[0], proc.stderr
     assert "ctx.rank + 1 op=MPI.SUM" in said[0]

@@ -1,6 +1,7 @@
 """Nothing hangs, nothing is left behind, nothing collides; bad input gets one clear line.
 
 Each bad input is answered by one line naming the problem and a non-zero exit, without a traceback."""
+import json
 import os
 import signal
 import subprocess
@@ -10,14 +11,15 @@ import time
 import pytest
 
 from common import bootstrap
-from common.runner import catalog, engine, launch
+from common.runner import catalog, engine, launch, preflight
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
 FIX = {"TUTOR_LESSONS": FIXTURES}
 
 
-def one_line_error(proc, *fragments):
+def one_line_error(proc, *fragments, code=None):
     assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert code is None or proc.returncode == code, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stdout + proc.stderr
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1, proc.stderr
@@ -33,20 +35,43 @@ def one_line_error(proc, *fragments):
     (["run", "2", "-n", "1"], ["02_wrong runs with NP at least 2, got 1"]),
     (["run", "pas"], ["no lesson 'pas'", "did you mean", "pass"]),
     (["run", "1", "--api", "jax"], ["offers --api mpi4py, not 'jax'"]),
-    (["run", "1", "--device", "gpu"], ["--device gpu: no usable GPU here"]),
     (["run", "1", "--timeout", "-1"], ["--timeout must be positive"]),
     (["run", "1", "--timeout", "nan"], ["--timeout must be positive", "got nan", "cannot be switched off"]),
     (["run", "1", "--timeout", "inf"], ["--timeout must be positive", "got inf"]),
     (["run", "1", "--timeout", "1e400"], ["--timeout must be positive", "got inf"]),
     (["run", "1", "--timeout", "86401"], ["at most 86400 s"]),
-    (["run", "2", "-n", str(engine.np_ceiling() + 1)], ["more ranks than", "--force"]),
     (["run", "1", "--", "--api", "torch"], ["`--api` after `--` would override the runner's --api"]),
     (["run", "1", "--", "--ap=torch"], ["`--ap` after `--`", "--api"]),
     (["run", "1", "--", "--dev", "cpu"], ["runner's --device"]),
     (["run", "1", "--", "--json", "x.json"], ["runner's --json"]),
 ])
 def test_bad_runner_input(args, fragments):
-    one_line_error(tutor(*args, env={**FIX, "CUDA_VISIBLE_DEVICES": ""}), *fragments)
+    one_line_error(tutor(*args, env={**FIX, "CUDA_VISIBLE_DEVICES": ""}), *fragments, code=engine.EXIT["usage"])
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["run", "1", "--device", "gpu"], ["blocked: --device gpu: no usable GPU here"]),
+    (["run", "2", "-n", str(engine.np_ceiling() + 1)], ["blocked: -n", "more ranks than", "--force"]),
+])
+def test_what_this_machine_lacks_is_blocked(args, fragments, tmp_path):
+    """Not the learner's mistake, not the lesson's: one line, exit 4, nothing launched, and the
+    verdict kept in the results JSON like any other."""
+    out = tmp_path / "out.json"
+    proc = tutor(*args, "--json", str(out), env={**FIX, "CUDA_VISIBLE_DEVICES": ""})
+    one_line_error(proc, *fragments, code=engine.EXIT["blocked"])
+    assert "$ " not in proc.stdout, "it launched a run this machine cannot make"
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "blocked" and doc["ok"] is False and doc["checks"] == [], doc
+    assert doc["why"] == [proc.stderr.strip().removeprefix("tutor: ")]
+
+
+def test_a_missing_library_is_blocked(monkeypatch):
+    lesson = catalog.resolve("01", FIXTURES)
+    real = preflight.importlib.util.find_spec
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None if name == "torch" else real(name))
+    with pytest.raises(engine.Blocked, match="cannot import torch .*use --api mpi4py"):
+        engine.needs(lesson, 2, "torch", "cpu")
+    engine.needs(lesson, 2, "mpi4py", "cpu")  # the MPI path needs no torch
 
 
 @pytest.fixture
@@ -60,7 +85,7 @@ def fake_gpu(tmp_path):
 
 def test_more_local_ranks_than_gpus(fake_gpu):
     proc = tutor("run", "1", "-n", "2", "--device", "gpu", env={**FIX, **fake_gpu})
-    one_line_error(proc, "2 ranks but 1 GPU(s)", "one GPU per rank")
+    one_line_error(proc, "2 ranks but 1 GPU(s)", "one GPU per rank", code=engine.EXIT["blocked"])
 
 
 def test_lesson_refuses_gpu_itself_when_launched_by_hand():
@@ -87,7 +112,7 @@ def test_one_gpu_probe_per_node_not_per_rank(tmp_path):
 @pytest.mark.parametrize("count", ["-5", "many"])
 def test_bad_lesson_flag_is_one_line_from_the_lesson(count):
     proc = tutor("run", "1", "-n", "2", "--", "--count", count, env=FIX)
-    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == engine.EXIT["usage"] and "Traceback" not in proc.stdout + proc.stderr
     said = [l for l in proc.stdout.splitlines() if "--count" in l and "expected a whole number" in l]
     assert len(said) == 1, proc.stdout          # once, from rank 0 only, not once per rank
     assert "the lesson refused to run" in proc.stderr
@@ -124,9 +149,10 @@ def test_yaml_limits_are_checked_on_load(tmp_path, change, line, fragment):
 def test_more_ranks_than_the_ceiling_with_force():
     lesson = catalog.resolve("02", FIXTURES)
     n = engine.np_ceiling() + 1
-    with pytest.raises(engine.UsageError, match="--force"):
-        engine.parse_np(str(n), lesson)
-    assert engine.parse_np(str(n), lesson, force=True) == n
+    assert engine.parse_np(str(n), lesson) == n
+    with pytest.raises(engine.Blocked, match="--force"):
+        engine.needs(lesson, n, "mpi4py", "cpu")
+    engine.needs(lesson, n, "mpi4py", "cpu", force=True)
 
 
 def test_yaml_expression_that_is_not_arithmetic_is_refused(tmp_path):

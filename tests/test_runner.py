@@ -4,9 +4,11 @@ import json
 import os
 import re
 
+import pytest
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, processes_running
+from common.runner import catalog, engine, launch
+from conftest import FIXTURES, ROOT, processes_running
 
 runner = CliRunner()
 
@@ -34,10 +36,16 @@ def test_results_json_of_the_contract(app, fixtures_env, tmp_path):
     assert doc["params"] == {"count": 7} and doc["transport"] == "mpi"
 
 
-def test_wrong_value_fails_the_check(app, fixtures_env):
-    result = runner.invoke(app, ["run", "2"])
-    assert result.exit_code == 1
+def test_wrong_value_fails_the_check(app, fixtures_env, tmp_path):
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["run", "2", "--json", str(out)])
+    assert result.exit_code == engine.EXIT["fail"] == 1
     assert "✗" in result.output and "rank 1: 2" in result.output and "FAIL" in result.output
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "fail" and doc["ok"] is False
+    assert [(c["name"], c["got"], c["want"], c["ok"]) for c in doc["checks"]] == [
+        ("each rank reports its rank squared", ["rank 1: 2"], "== [0, 1]", False)]
+    assert doc["why"] == ["check failed: each rank reports its rank squared: got rank 1: 2, want == [0, 1]"]
 
 
 def test_lesson_flag_makes_a_passing_lesson_fail(app, fixtures_env):
@@ -45,9 +53,12 @@ def test_lesson_flag_makes_a_passing_lesson_fail(app, fixtures_env):
     assert result.exit_code == 1 and "check failed: sum of rank+1" in result.output
 
 
-def test_crash_on_one_rank_names_it(app, fixtures_env):
-    result = runner.invoke(app, ["run", "3"])
-    assert result.exit_code != 0
+def test_crash_on_one_rank_names_it(app, fixtures_env, tmp_path):
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["run", "3", "--json", str(out)])
+    assert result.exit_code == engine.EXIT["crash"] == 3
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "crash" and doc["checks"] == [] and doc["why"][0].startswith("rank 1 failed")
     raise_line = line_of("03_crash.py", "raise ValueError")
     assert f"rank 1 failed: ValueError: rank 1 fails on purpose (tests/fixtures/03_crash.py:{raise_line})" \
         in result.output
@@ -69,9 +80,11 @@ def test_rank_killed_by_a_signal_is_named(app, fixtures_env):
     assert not processes_running("tests/fixtures/05_killed.py")
 
 
-def test_hang_is_ended_at_its_timeout_with_each_rank_located(app, fixtures_env):
-    result = runner.invoke(app, ["run", "4", "--timeout", "3"])
-    assert result.exit_code == 124
+def test_hang_is_ended_at_its_timeout_with_each_rank_located(app, fixtures_env, tmp_path):
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["run", "4", "--timeout", "3", "--json", str(out)])
+    assert result.exit_code == engine.EXIT["timeout"] == 124
+    assert json.loads(out.read_text())["status"] == "timeout"
     assert "TIMEOUT: 04_hang ran past its 3 s limit" in result.output
     recv, barrier = line_of("04_hang.py", "ctx.comm.Recv("), line_of("04_hang.py", "ctx.comm.Barrier()")
     assert f"rank 0: wait_forever() at tests/fixtures/04_hang.py:{recv}" in result.output
@@ -86,6 +99,87 @@ def test_check_runs_every_np_and_writes_junit(app, fixtures_env, tmp_path):
     assert "2 passed, 1 failed" in result.output         # 01 at np 1 and 2 pass, 02 fails
     xml = junit.read_text()
     assert xml.count("<testcase") == 3 and 'failures="1"' in xml and "02_wrong" in xml
+    assert_fits(result.output)
+
+
+def test_check_lists_what_this_machine_cannot_run_as_blocked(app, fixtures_env, tmp_path, monkeypatch):
+    """A GPU case on a machine without one is neither a pass nor silently gone: a row, a count in the
+    summary, a <skipped> that says why in JUnit, exit 4; nothing is launched."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    junit = tmp_path / "junit.xml"
+    result = runner.invoke(app, ["check", "1", "--device", "gpu", "--junit", str(junit)])
+    assert result.exit_code == engine.EXIT["blocked"] == 4, result.output
+    assert result.output.count("– blocked") == 2 and "0 passed, 0 failed, 2 blocked" in result.output
+    xml = junit.read_text()
+    assert 'tests="2" failures="0" skipped="2"' in xml, xml
+    assert xml.count('<skipped message="blocked: --device gpu: no usable GPU here') == 2, xml
+    assert_fits(result.output)
+
+
+def assert_fits(output, width=100):
+    wide = [line for line in output.splitlines() if len(line) > width]
+    assert not wide, f"{len(wide)} lines wider than {width}: {wide[0]!r}"
+
+
+@pytest.mark.parametrize("outcome, checks, verdict", [
+    (launch.Outcome(rc=0, seconds=1), [{"ok": True}], "pass"),
+    (launch.Outcome(rc=1, seconds=1), [{"ok": False}], "crash"),                # results, then a failure
+    (launch.Outcome(rc=0, seconds=1), [{"ok": False}], "fail"),
+    (launch.Outcome(rc=1, seconds=1, errors={1: "ValueError: x"}), None, "crash"),
+    (launch.Outcome(rc=0, seconds=1), None, "crash"),                     # exited 0, wrote no results
+    (launch.Outcome(rc=9, seconds=1, statuses=[0, 9]), [{"ok": True}], "crash"),  # results, then killed
+    (launch.Outcome(rc=2, seconds=1, statuses=[512, 512]), None, "usage"),   # the lesson refused a flag
+    (launch.Outcome(rc=124, seconds=1, timed_out=True), None, "timeout"),
+])
+def test_each_outcome_has_one_status_and_its_exit_code(outcome, checks, verdict):
+    assert engine.status(outcome, checks) == verdict
+    assert engine.exit_code(outcome, checks) == engine.EXIT[verdict]
+    assert (engine.exit_code(outcome, checks) == 0) == engine.ok(outcome, checks)
+
+
+def test_interrupted_exits_128_plus_the_signal():
+    out = launch.Outcome(rc=130, seconds=1, interrupted=True, signal=2)
+    assert engine.status(out, None) == "interrupted" and engine.exit_code(out, None) == 130
+    gone = launch.Outcome(rc=137, seconds=1, launcher=(99, 9))  # mpiexec itself killed
+    assert engine.status(gone, None) == "crash" and engine.exit_code(gone, None) == 137
+
+
+def test_exit_codes_are_distinct_and_in_the_readme():
+    assert len(set(engine.EXIT.values())) == len(engine.EXIT)
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for verdict, code in engine.EXIT.items():
+        assert re.search(rf"\| `{code}` \| `{verdict}` \|", readme), f"README lacks exit {code} ({verdict})"
+
+
+def test_the_same_failure_on_every_rank_is_said_once():
+    same = "AssertionError: wrong sum (lessons/x.py:9)"
+    out = launch.Outcome(rc=1, seconds=1, errors={0: same, 1: same, 2: "ValueError: odd (lessons/x.py:3)", 3: same})
+    assert engine.explain(None, out, None)[:2] == [f"ranks 0-1, 3 failed: {same}",
+                                                   "rank 2 failed: ValueError: odd (lessons/x.py:3)"]
+
+
+def test_checks_table_counts_long_lists_and_fits():
+    checks = [{"name": "each rank holds the whole list of every rank's twenty chunk offsets, in order",
+               "got": [f"rank {r}: {r * 0.1}" for r in range(20)], "want": "== [" + ", ".join(map(str, range(20))) + "]",
+               "ok": False}, {"name": "short", "got": 1, "want": "== 1", "ok": True}]
+    text = engine.checks_table(checks)
+    assert_fits(text)
+    assert "== [0, 1, 2, 3, … (20 values)]" in text and "rank 0: 0.0, … (20 values)" in text, text
+
+
+def test_list_and_hint_fit_a_terminal(app, tmp_path, monkeypatch):
+    """The real lessons' titles and hints, which are long: wrapped, nothing cut."""
+    monkeypatch.setenv("TUTOR_STATE", str(tmp_path))
+    listed = runner.invoke(app, ["list"])
+    assert listed.exit_code == 0
+    assert_fits(listed.output)
+    words = " ".join(listed.output.split())
+    for lesson in catalog.lessons():
+        assert " ".join(catalog.load_yaml(lesson.yaml_path)["title"].split()) in words
+    for _ in range(6):
+        hinted = runner.invoke(app, ["hint", "04"])
+    assert hinted.exit_code == 0 and hinted.output.count("hint ") >= 2
+    assert_fits(hinted.output)
 
 
 def test_list_and_hint(app, fixtures_env):

@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from common.runner.terminal import short
+
 MARK = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>>>>|<<<) exercise: (?P<name>[A-Za-z0-9_]+)\s*$")
 UNDONE = re.compile(r"NotImplementedError: exercise (?P<name>[A-Za-z0-9_]+)\b.*?(?:\((?P<at>[^()]+:\d+)\))?$")
 
@@ -59,15 +61,19 @@ def find_regions(text, where="lesson"):
     return regions
 
 
+def stub_body(r, lesson_id="NN"):
+    """The lines a region's body becomes in the learner's copy: a TODO and a loud failure."""
+    return [f"{r.indent}# TODO: write this part. `bin/tutor hint {lesson_id}` gives a hint; "
+            f"`bin/tutor check {lesson_id} --mine` checks it.\n",
+            f'{r.indent}raise NotImplementedError("exercise {r.name}: not done yet")\n']
+
+
 def make_stub(text, lesson_id="NN", where="lesson", only=None):
     """The learner's version of a lesson: each region's body (or only the one named) becomes a TODO
     and a loud failure."""
     lines = text.splitlines(keepends=True)
     for r in reversed([r for r in find_regions(text, where) if only in (None, r.name)]):
-        lines[r.begin:r.end - 1] = [
-            f"{r.indent}# TODO: write this part. `bin/tutor hint {lesson_id}` gives a hint; "
-            f"`bin/tutor check {lesson_id} --mine` checks it.\n",
-            f'{r.indent}raise NotImplementedError("exercise {r.name}: not done yet")\n']
+        lines[r.begin:r.end - 1] = stub_body(r, lesson_id)
     return "".join(lines)
 
 
@@ -106,10 +112,9 @@ def explain(lesson, outcome, checks, script, lines):
         said.append(line)
     for c in checks or []:
         if not c["ok"]:
-            got = c["got"] if not isinstance(c["got"], list) else "; ".join(map(str, c["got"][:4])) + (
-                f"; … ({len(c['got']) - 4} more)" if len(c["got"]) > 4 else "")
+            got = short(c["got"], 160, sep="; ")
             said.append(f"check failed: \"{c['name']}\": wanted {paths.get(c['name'], 'the value')} "
-                        f"{c['want']}, but got {got}")
+                        f"{short(c['want'], 60)}, but got {got}")
     return said
 
 

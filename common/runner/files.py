@@ -91,3 +91,26 @@ def locked(path):
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield  # closing the file releases the lock, even on an exception
+
+
+def write_junit(path, cases):
+    """A JUnit XML file for CI dashboards: one testcase per (lesson, np, api, outcome, status, why).
+    A case that could not run here (`blocked`) or was not started (`not run`) is <skipped> with the
+    reason, never a silent pass; every other status but `pass` is a <failure>."""
+    from xml.sax.saxutils import escape, quoteattr
+    skipped = sum(c[4] in ("blocked", "not run") for c in cases)
+    failed = sum(c[4] != "pass" for c in cases) - skipped
+    parts = [f'{JUNIT_HEAD} tests="{len(cases)}" failures="{failed}" skipped="{skipped}">']
+    for lesson, n, api, outcome, status, why in cases:
+        seconds = outcome.seconds if outcome else 0.0
+        parts.append(f'  <testcase classname={quoteattr(lesson.name)} name="np{n}-{api}" time="{seconds:.2f}">')
+        first = why[0] if why else status
+        if status in ("blocked", "not run"):
+            parts.append(f"    <skipped message={quoteattr(first if first.startswith(status) else f'{status}: {first}')}/>")
+        elif status != "pass":
+            tail = outcome.tail[-40:] if outcome else []
+            parts.append(f'    <failure type="{status}" message={quoteattr(first)}>'
+                         f'{escape(chr(10).join(why + tail))}</failure>')
+        parts.append("  </testcase>")
+    parts.append("</testsuite>\n")
+    write_new(path, "\n".join(parts), "--junit", "JUnit report", is_junit)

@@ -41,7 +41,7 @@ def mpiexec(np):
         return argv
     venv = os.path.join(ROOT, ".venv", "bin", "mpiexec")
     if os.access(venv, os.X_OK) and not os.environ.get("TUTOR_PYTHON"):
-        return [os.path.relpath(venv)]
+        return [os.path.relpath(venv, ROOT)]
     found = shutil.which("mpiexec")  # your own environment: the MPI your mpi4py was built for
     if not found:
         raise LaunchError("mpiexec not found in .venv or on PATH: run `make setup` (or set MPIEXEC)")
@@ -51,7 +51,7 @@ def mpiexec(np):
 @functools.lru_cache(maxsize=None)
 def flavour(program):
     """'hydra' (MPICH's mpiexec, the venv's), 'open-mpi', or '' when `--version` says neither."""
-    if os.path.abspath(program) == os.path.join(ROOT, ".venv", "bin", "mpiexec"):
+    if os.path.abspath(os.path.join(ROOT, program)) == os.path.join(ROOT, ".venv", "bin", "mpiexec"):
         return "hydra"
     try:
         out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=10)
@@ -66,7 +66,7 @@ def python():
     if os.environ.get("TUTOR_PYTHON"):
         return os.environ["TUTOR_PYTHON"]
     venv = os.path.join(ROOT, ".venv", "bin", "python")
-    return os.path.relpath(venv) if os.path.exists(venv) else sys.executable
+    return os.path.relpath(venv, ROOT) if os.path.exists(venv) else sys.executable
 
 
 def command(script, np, args=()):
@@ -74,7 +74,7 @@ def command(script, np, args=()):
     launcher = mpiexec(np)
     if flavour(launcher[0]) == "hydra" and HYDRA_ALL_CODES not in launcher:
         launcher.append(HYDRA_ALL_CODES)
-    return [*launcher, "-n", str(np), python(), "-m", "mpi4py", os.path.relpath(script), *args]
+    return [*launcher, "-n", str(np), python(), "-m", "mpi4py", os.path.relpath(script, ROOT), *args]
 
 
 # When one rank dies, hydra kills the others, with SIGKILL, and its "BAD TERMINATION ... PID" banner
@@ -112,12 +112,14 @@ class Outcome:
     signal: int = None                           # the signal that interrupted the runner
     launcher: tuple = None                       # (pid, signal) when mpiexec itself was killed
     bad_results: str = None                      # why the results file could not be read
+    ran: set = field(default_factory=set)        # exercise regions a practice run reached (grading.py)
 
 
 def run(cmd, timeout, echo=True, env=None, tick=None):
     """Run `cmd`; stream its output; end it at `timeout` (with per-rank stacks) or on a stop signal;
     return an Outcome once every process of the run is gone and its run folder removed. `tick(seconds)`
-    is called about every 0.1 s while it runs. The lesson writes its results into the run folder."""
+    is called about every 0.1 s while it runs. The lesson writes its results into the run folder.
+    `cmd` may be a function of the run folder that returns the command (and may put a script there)."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
         raise LaunchError(f"a run needs a finite timeout > 0, got {timeout!r}")  # the watchdog stays on
     with lifetime.Stop() as stop:
@@ -129,6 +131,7 @@ def run(cmd, timeout, echo=True, env=None, tick=None):
 
 
 def _run(cmd, timeout, run_dir, stop, echo, env, tick):
+    cmd = cmd(run_dir) if callable(cmd) else cmd
     results_path = os.path.join(run_dir, "results.json")
     env = {**os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir, "TUTOR_RESULTS": results_path,
            "PYTHONUNBUFFERED": "1"}
@@ -172,6 +175,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     out.seconds = time.monotonic() - start
     out.errors = read_errors(run_dir)
     out.pids = rank_pids(run_dir)
+    out.ran = {name[4:] for name in os.listdir(run_dir) if name.startswith("ran-")}
     if os.path.exists(results_path) and not (out.timed_out or out.interrupted):
         try:
             with open(results_path) as f:

@@ -2,7 +2,7 @@
 file behind them is common/runner/progress.py's."""
 import os
 
-from common.runner import files
+from common.runner import files, grading
 from common.runner.catalog import ROOT
 from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
 from common.runner.progress import change, load_progress, progress_path, update  # noqa: F401 (used via practice.)
@@ -109,9 +109,38 @@ def welcome(lesson, path, regions, backup):
     return "\n".join(lines)
 
 
-def record(lesson, passed, full):
-    """Save the outcome of `check --mine`; return one line saying where the learner stands."""
-    if passed and full:
+def grading_plan(lesson):
+    """How `check --mine` runs the learner's copy (common/runner/grading.py); PracticeError when no
+    exercise has been written yet, so nothing is launched."""
+    path = mine_or_fail(lesson)
+    with open(lesson.path) as f:
+        reference = f.read()
+    with open(path) as f:
+        mine = f.read()
+    return grading.plan(reference, mine, path, lesson.path, lesson.id)
+
+
+def graded_verdict(plan, outcome, verdict, why):
+    """(verdict, why) of one --mine run, said for what it graded: a run that passed without reaching
+    any region the learner wrote graded nothing of theirs ('not graded')."""
+    names = " and ".join(plan.mine)
+    ran = grading.reached(outcome, plan)
+    if not ran:
+        if verdict == "pass":
+            return "not graded", [f"this run never reached your {names}, so its pass says nothing "
+                                  "about your code"]
+        return verdict, why + [f"(this run never reached your {names})"]
+    if verdict != "pass" and len(plan.mine) > 1:
+        why = why + [f"your code that ran: {', '.join(ran)}"]
+    return verdict, why
+
+
+def record(lesson, verdicts, plan, full):
+    """Save the outcome of `check --mine` (one verdict per run); return what the learner reads next."""
+    graded = [v for v in verdicts if v in ("pass", "fail", "crash", "timeout", "usage")]
+    passed = bool(graded) and all(v == "pass" for v in graded) and "not run" not in verdicts
+    shown = os.path.relpath(copy_path(lesson))
+    if passed and full and not plan.reference:
         update(lesson, state="passed")
         return (f"✓ {lesson.name}: your code passes every check. `bin/tutor solution {lesson.id}` shows "
                 "the reference to compare with.")
@@ -120,7 +149,13 @@ def record(lesson, passed, full):
         if entry.get("state") != "passed":
             entry["state"] = "in progress"
     change(lesson, at_least_in_progress)
+    if not graded and "not graded" in verdicts:
+        return (f"– {lesson.name}: no run reached your {' and '.join(plan.mine)}, so nothing was graded; "
+                f"run `bin/tutor check {lesson.id} --mine` without --api / -n to try every path")
+    if passed and plan.reference:
+        return (f"{lesson.name}: your {' and '.join(plan.mine)} passes every run that reached it; next, "
+                f"write exercise {plan.reference[0]} in {shown} (the reference ran in its place)")
     if passed:
         return (f"{lesson.name}: passed this NP/API; `bin/tutor check {lesson.id} --mine` runs them all "
                 "and marks it passed")
-    return f"✗ {lesson.name}: not yet. Edit {os.path.relpath(copy_path(lesson))}; `bin/tutor hint {lesson.id}` helps"
+    return f"✗ {lesson.name}: not yet. Edit {shown}; `bin/tutor hint {lesson.id}` helps"

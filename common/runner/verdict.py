@@ -5,39 +5,56 @@ import os
 import re
 import signal
 
-from common.runner import files, rundir
+from common.runner import rundir
+from common.runner.terminal import WIDTH, by_message, ranks_of, short  # noqa: F401
 from common.report import table
+
+# One status per run, and the exit status `bin/tutor run` ends with (README, "Verdicts and exit codes").
+# `interrupted` exits 128 + the signal's number (130 for Ctrl-C), as does a crash in which mpiexec itself
+# was killed by a signal.
+EXIT = {"pass": 0, "fail": 1, "usage": 2, "crash": 3, "blocked": 4, "timeout": 124}
 
 
 def status(outcome, checks):
-    """The run's verdict as one word (GUIDE §3, Verdicts); `blocked` runs never launch."""
+    """The run's verdict as one word (GUIDE §3, Verdicts); `blocked` runs never launch, so an Outcome
+    is never blocked: the engine says it before launching."""
     if outcome.interrupted:
         return "interrupted"
     if outcome.timed_out:
         return "timeout"
     if ok(outcome, checks):
         return "pass"
-    return "crash" if checks is None else "fail"
+    if refused(outcome, checks):
+        return "usage"
+    return "crash" if checks is None or outcome.rc != 0 else "fail"
+
+
+def exit_code(outcome, checks):
+    """EXIT[status]; 128 + the signal when the runner was interrupted or mpiexec itself was killed
+    (a crash whose cause the runner cannot know: README, Troubleshooting)."""
+    return outcome.rc if outcome.interrupted or outcome.launcher else EXIT[status(outcome, checks)]
 
 
 def ok(outcome, checks):
     return outcome.rc == 0 and checks is not None and all(c["ok"] for c in checks)
 
 
+def refused(outcome, checks):
+    """The lesson itself refused its flags (every rank exited 2 before reporting, no rank failed)."""
+    return (outcome.rc == 2 and checks is None and not outcome.errors and not outcome.launcher
+            and killed_rank(outcome) is None)
+
+
 def checks_table(checks, width=92):
     """The checks as a table of at most `width` characters (under 100 bytes with the marks, for tools
-    that count bytes): long values, then long names, end in '…'; the results JSON keeps them whole."""
-    got = [_short(c["got"], 24) for c in checks]
-    want = [_short(c["want"], 24) for c in checks]
+    that count bytes): long lists say how many values they hold, long names end in '…'; the results
+    JSON keeps them whole."""
+    got = [short(c["got"], 30) for c in checks]
+    want = [short(c["want"], 30) for c in checks]
     rest = max(map(len, got + ["got"])) + max(map(len, want + ["want"])) + 1 + 3 * 2
-    names = [_short(c["name"], max(30, width - rest)) for c in checks]
+    names = [short(c["name"], max(30, width - rest)) for c in checks]
     rows = [(n, g, w, "✓" if c["ok"] else "✗") for n, g, w, c in zip(names, got, want, checks)]
     return table(["check", "got", "want", ""], rows, align=[False, False, False, False])
-
-
-def _short(value, limit=60):
-    text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def explain(lesson, outcome, checks):
@@ -49,18 +66,19 @@ def explain(lesson, outcome, checks):
     if outcome.timed_out:
         lines.append(f"TIMEOUT: {lesson.name} ran past its {outcome.limit:g} s limit; every rank was ended. "
                      "Where each rank was:")
-        for rank in sorted(outcome.stacks):
+        places = {}
+        for rank in outcome.stacks:
             own, inner = rundir.blocked_at(outcome.stacks[rank])
             where = f"{own[0]}() at {own[1]}" if own else "?"
-            deeper = f"  (inside {inner[0]}() at {inner[1]})" if inner and inner != own else ""
-            lines.append(f"  rank {rank}: {where}{deeper}")
+            places[rank] = where + (f"  (inside {inner[0]}() at {inner[1]})" if inner and inner != own else "")
+        lines += [f"  {ranks_of(ranks)}: {where}" for ranks, where in by_message(places)]
         if not outcome.stacks:
             lines.append("  (no rank answered the stack-dump request: it hung before joining MPI)")
         return lines
     # an MPI error on a rank is often only the echo of a peer that died: it names no culprit itself
     echoes = {r: e for r, e in outcome.errors.items() if e.startswith(MPI_ERROR)}
     own = {r: e for r, e in outcome.errors.items() if r not in echoes}
-    lines += [f"rank {r} failed: {e}" for r, e in sorted(own.items())]
+    lines += [f"{ranks_of(ranks)} failed: {e}" for ranks, e in by_message(own)]
     killed = killed_rank(outcome, set(echoes)) if outcome.rc != 0 and not own else None
     if outcome.launcher:
         pid, sig = outcome.launcher
@@ -68,11 +86,11 @@ def explain(lesson, outcome, checks):
                   "ranks it left", "what sent that signal cannot be known from here"]
     elif killed:
         lines.append(killed)
-    lines += [f"rank {r} {'then failed (a peer was gone)' if killed else 'failed'}: {e}"
-              for r, e in sorted(echoes.items())]
+    lines += [f"{ranks_of(ranks)} {'then failed (a peer was gone)' if killed else 'failed'}: {e}"
+              for ranks, e in by_message(echoes)]
     if outcome.rc != 0 and not (outcome.launcher or killed or outcome.errors):
         last = next((l.strip() for l in reversed(outcome.tail) if l.strip()), "")
-        if outcome.rc == 2 and checks is None:  # a lesson's flag parser or ctx.fail(): one line said why
+        if refused(outcome, checks):  # a lesson's flag parser or ctx.fail(): one line said why
             return [f"the lesson refused to run: {last}"]
         last = traceback_end(outcome.tail) or last
         lines.append(f"the lesson exited with status {outcome.rc}" + (f": {last}" if last else ""))
@@ -83,7 +101,7 @@ def explain(lesson, outcome, checks):
     elif checks is None:
         lines.append("it exited 0 but wrote no results: the lesson must call report.finish()")
     else:
-        lines += [f"check failed: {c['name']}: got {_short(c['got'])}, want {c['want']}"
+        lines += [f"check failed: {c['name']}: got {short(c['got'])}, want {short(c['want'])}"
                   for c in checks if not c["ok"]]
     return lines
 
@@ -157,22 +175,3 @@ def _rank_pid(outcome, rank):
 def _signal_name(sig):
     name = f" ({signal.Signals(sig).name})" if sig in signal.valid_signals() else ""
     return f"signal {sig}{name}"
-
-
-def write_junit(path, cases):
-    """A JUnit XML file for CI dashboards: one testcase per lesson x NP x API (outcome None: not run)."""
-    from xml.sax.saxutils import escape, quoteattr
-    failed = sum(not c[4] and c[3] is not None for c in cases)
-    skipped = sum(c[3] is None for c in cases)
-    parts = [f'{files.JUNIT_HEAD} tests="{len(cases)}" failures="{failed}" skipped="{skipped}">']
-    for lesson, n, api, outcome, passed, why in cases:
-        seconds = outcome.seconds if outcome else 0.0
-        parts.append(f'  <testcase classname={quoteattr(lesson.name)} name="np{n}-{api}" time="{seconds:.2f}">')
-        if outcome is None:
-            parts.append(f"    <skipped message={quoteattr(why[0] if why else 'not run')}/>")
-        elif not passed:
-            parts.append(f'    <failure message={quoteattr(why[0] if why else "failed")}>'
-                         f'{escape(chr(10).join(why + outcome.tail[-40:]))}</failure>')
-        parts.append("  </testcase>")
-    parts.append("</testsuite>\n")
-    files.write_new(path, "\n".join(parts), "--junit", "JUnit report", files.is_junit)

@@ -1,0 +1,140 @@
+"""Everything `bin/tutor run` and `check` decide before launching: the request (UsageError, exit 2),
+the lesson's source (ScriptError, a crash, exit 3), and what this machine must have (Blocked, exit 4)."""
+import functools
+import importlib.util
+import os
+
+from common import devices
+from common.runner import files, launch, schema
+
+RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
+
+
+class UsageError(ValueError):
+    """Bad input: one line for the learner, exit status 2."""
+
+
+class ScriptError(ValueError):
+    """The lesson (or practice copy) cannot even be compiled: one line with file:line, a crash (3)."""
+
+
+class Blocked(ValueError):
+    """What the run needs is missing on this machine (a GPU, a library, cores for -n): one line,
+    exit status 4; nothing is launched."""
+
+
+def np_ceiling():
+    """The most ranks this machine runs without --force: 4 per usable core, at least 8. None when
+    MPIEXEC is set (a cluster launcher: the ranks may go to other nodes, whose cores are not ours)."""
+    return None if os.environ.get("MPIEXEC") else max(8, 4 * launch.usable_cores())
+
+
+def parse_np(text, lesson):
+    if text is None:
+        return lesson.meta["np"]["default"]
+    try:
+        np = int(str(text).strip())
+    except ValueError:
+        raise UsageError(f"NP must be a whole number, got {text!r}") from None
+    lo, hi = lesson.np_range
+    if np < 1:
+        raise UsageError(f"NP must be at least 1, got {np}")
+    if np < lo or (hi is not None and np > hi):
+        span = f"{lo}..{hi}" if hi is not None else f"at least {lo}"
+        raise UsageError(f"{lesson.name} runs with NP {span}, got {np}")
+    return np
+
+
+def parse_timeout(value):
+    """--timeout: a finite number of seconds > 0, at most a day; None keeps the YAML's."""
+    if value is not None and not 0 < value <= schema.MAX_TIMEOUT_S:  # nan and inf fail this too
+        raise UsageError(f"--timeout must be positive, at most {schema.MAX_TIMEOUT_S} s (a day): got "
+                         f"{value} (the watchdog cannot be switched off)")
+    return value
+
+
+def wants_help(extra):
+    """True when the lesson flags after `--` ask for the lesson's own --help."""
+    return any(a in ("-h", "--help") or len(a) > 3 and "--help".startswith(a) for a in _flags(extra))
+
+
+def check_extra(extra):
+    """Refuse lesson flags that would override the runner's own behind its back (the summary and
+    the results would then describe another run than the one made)."""
+    for arg in _flags(extra):
+        taken = [f for f in RUNNER_FLAGS if len(arg) > 2 and f.startswith(arg)]
+        if taken:
+            raise UsageError(f"`{arg}` after `--` would override the runner's {taken[0]}: give it to "
+                             "bin/tutor, before `--`")
+
+
+def _flags(extra):
+    return [str(a).split("=", 1)[0] for a in extra if str(a).startswith("-")]
+
+
+def check_script(path):
+    """Compile the lesson (or the learner's copy) before launching NP copies of a syntax error."""
+    shown = os.path.relpath(path)
+    try:
+        with open(path, "rb") as f:
+            compile(f.read(), shown, "exec", dont_inherit=True)
+    except OSError as exc:
+        raise ScriptError(f"{shown}: {exc.strerror}") from None
+    except SyntaxError as exc:  # IndentationError and TabError too
+        code = f": {exc.text.strip()}" if exc.text and exc.text.strip() else ""
+        raise ScriptError(f"{shown}:{exc.lineno}: {type(exc).__name__}: {exc.msg}{code}") from None
+    except ValueError as exc:  # e.g. a NUL byte
+        raise ScriptError(f"{shown}: {exc}") from None
+
+
+def check_json_target(path):
+    try:
+        files.check_target(path, "--json", "results JSON", files.is_results_json)
+    except files.FileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_junit_target(path):
+    try:
+        files.check_target(path, "--junit", "JUnit report", files.is_junit)
+    except files.FileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def validate(lesson, np, api, device):
+    """The request itself: API offered, a device word, a device the lesson has (UsageError)."""
+    if api not in lesson.meta["apis"]:
+        raise UsageError(f"{lesson.name} offers --api {' or '.join(lesson.meta['apis'])}, not {api!r}")
+    if device not in devices.DEVICES:
+        raise UsageError(f"--device must be auto, cpu or gpu, not {device!r}")
+    if lesson.needs_gpu and device == "cpu":
+        raise UsageError(f"{lesson.name} needs a GPU; it has no --device cpu path")
+
+
+@functools.lru_cache(maxsize=1)
+def _gpus():
+    return devices.visible_gpus()  # one nvidia-smi per command, however many runs `check` plans
+
+
+def needs(lesson, np, api, device, force=False):
+    """What this machine must have for the run, checked before launching (Blocked when it lacks it):
+    cores for np ranks, a GPU per local rank, the libraries the path imports (looked up, not imported)."""
+    ceiling = np_ceiling()
+    if ceiling and np > ceiling and not force:
+        raise Blocked(f"-n {np}: more ranks than {launch.usable_cores()} cores run sensibly (at most "
+                      f"{ceiling}); add --force to run them anyway")
+    gpu = device == "gpu" or lesson.needs_gpu
+    if gpu:
+        n, why = _gpus()
+        local = np if not os.environ.get("MPIEXEC") else 1  # across nodes only the ranks can tell
+        if n == 0:
+            raise Blocked(f"--device gpu: no usable GPU here ({why}); use --device cpu or auto")
+        if local > n:
+            raise Blocked(f"--device gpu: {np} ranks but {n} GPU(s) on this node; NCCL needs one GPU "
+                          "per rank (lower -n or use --device cpu)")
+    wanted = (["torch"] if api == "torch" else []) + (["cupy"] if gpu and api == "mpi4py" else [])
+    missing = [m for m in wanted if importlib.util.find_spec(m) is None]
+    if missing:
+        other = "use --api mpi4py" if "torch" in missing else "use --device cpu"
+        raise Blocked(f"--api {api} --device {device}: this Python cannot import {missing[0]} "
+                      f"(install it, or {other})")
