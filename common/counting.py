@@ -11,8 +11,10 @@ Two kinds of count, never mixed in one entry:
     `msgs` the non-empty sends, `peers` every rank it sent to. Hand-made collectives are graded on these.
   * a library collective (allreduce, all_gather, ...): the library does not say what its algorithm
     sent, so `bytes` is what the bandwidth-optimal (ring) algorithm sends per rank for these buffers,
-    the volume nccl-tests' busbw assumes: all-gather and reduce-scatter (N-1) shards, all-to-all every
-    block but its own, all-reduce 2(N-1)/N of the buffer. `nominal: true` marks these entries.
+    the volume nccl-tests' busbw assumes: reduce-scatter every block of its input but its own,
+    all-gather every block of its output but its own (N-1 shards when they are equal), all-to-all every
+    block but the one it keeps (its own rank's: pass rank= for uneven split sizes), all-reduce 2(N-1)/N
+    of the buffer. `nominal: true` marks these entries.
 
 A backend method with no rule is refused when it is wrapped (never silently left uncounted): pass
 `rules={"name": fn}` where fn(n, *args, **kwargs) returns the bytes this rank sends, or list it in
@@ -46,13 +48,24 @@ def _sends_recv(buf, source):
 # point-to-point: method -> its (sends, recvs) as (buffer, peer) pairs
 P2P = {"exchange": _sends_exchange, "group": _sends_group, "send": _sends_send, "recv": _sends_recv}
 
+def _all_to_all(rank):
+    """all_to_all(out, inp, out_counts=None, inp_counts=None): inp less the block this rank keeps."""
+    def rule(n, out, inp, out_counts=None, inp_counts=None, *a, **k):
+        if inp_counts is None or len(set(inp_counts)) <= 1:
+            return (n - 1) * _nb(inp) // n
+        if rank is None:
+            raise ValueError("counting: an all_to_all with uneven split sizes needs Counted(..., rank=)")
+        return _nb(inp) - _nb(inp) // max(sum(inp_counts), 1) * inp_counts[rank]
+    return rule
+
+
 # library collectives: method -> bytes the ring algorithm sends from this rank (n ranks); the first
-# argument is the output buffer, the second the input, as in torch.distributed's *_tensor calls
+# argument is the output buffer, the second the input, as in torch.distributed's calls. Exact for
+# uneven blocks too: a rank never sends the block it keeps (reduce-scatter) or already holds (gather)
 COLLECTIVES = {
     "allreduce": lambda n, buf, *a, **k: 2 * (n - 1) * _nb(buf) // n,
-    "all_gather": lambda n, out, inp, *a, **k: (n - 1) * _nb(inp),
-    "reduce_scatter": lambda n, out, inp, *a, **k: (n - 1) * _nb(out),
-    "all_to_all": lambda n, out, inp, *a, **k: (n - 1) * _nb(inp) // n,
+    "all_gather": lambda n, out, inp, *a, **k: _nb(out) - _nb(inp),
+    "reduce_scatter": lambda n, out, inp, *a, **k: _nb(inp) - _nb(out),
 }
 QUIET = ("sync",)
 
@@ -60,9 +73,10 @@ QUIET = ("sync",)
 class Counted:
     """A backend whose every call is counted per phase; attributes without a rule are refused."""
 
-    def __init__(self, backend, n, rules=None, quiet=QUIET):
+    def __init__(self, backend, n, rules=None, quiet=QUIET, rank=None):
         self.n, self.counts, self._phases = n, {}, ["main"]
         extra = dict(rules or {})
+        builtin = dict(COLLECTIVES, all_to_all=_all_to_all(rank))
         for name in dir(backend):
             fn = getattr(backend, name)
             if name.startswith("_") or not callable(fn):
@@ -71,8 +85,8 @@ class Counted:
                 wrapped = fn
             elif name in P2P:
                 wrapped = self._p2p(name, fn)
-            elif name in extra or name in COLLECTIVES:
-                wrapped = self._collective(name, fn, extra.get(name, COLLECTIVES.get(name)))
+            elif name in extra or name in builtin:
+                wrapped = self._collective(name, fn, extra.get(name, builtin.get(name)))
             else:
                 raise KeyError(f"counting: backend method {name!r} has no rule: pass rules={{{name!r}: "
                                "fn(n, *args) -> bytes sent}} or list it in quiet")
