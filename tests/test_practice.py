@@ -135,6 +135,15 @@ def test_a_copy_with_nothing_written_is_refused_before_a_launch():
     assert both.mine == ["first", "second"] and both.reference == [] and both.notes() == []
 
 
+def test_a_value_every_rank_got_alike_is_said_once(sandbox):
+    lesson = catalog.resolve("01")
+    checks = [{"name": "sum of rank+1 is N(N+1)/2", "ok": False, "want": "== 10",
+               "got": [f"rank {r}: 0.00054824986801602" for r in range(4)]}]
+    lines = exercise.explain(lesson, launch.Outcome(rc=0, seconds=0), checks, lesson.path, [])
+    assert lines == ['check failed: "sum of rank+1 is N(N+1)/2": wanted ranks[*].sum == 10, but got '
+                     "ranks 0-3: 0.00054825"]
+
+
 def test_a_run_that_never_reached_your_code_is_not_graded():
     plan = grading.Plan("p.py", "l.py", "", mine=["spread"], reference=["double"])
     passed = launch.Outcome(rc=0, seconds=0, ran={"double"})
@@ -164,6 +173,7 @@ def test_one_idea_at_a_time(sandbox):
     assert "note: exercise spread: still the TODO, so the lesson's reference runs in its place" in wrong.stdout
     assert 'check failed: "double gives twice rank+1"' in wrong.stderr and "spread hears" not in wrong.stderr
     assert "not done yet" not in wrong.stderr and "2 failed" in wrong.stdout
+    assert max(len(line) for line in (wrong.stdout + wrong.stderr).splitlines()) <= 100
     open(path, "w").write(fill("spread", "got = ctx.comm.allgather(ctx.rank)"))
     right = tutor("check", "03", "--mine", env=env)
     assert right.returncode == 0, right.stdout + right.stderr
