@@ -112,7 +112,7 @@ def test_check_lists_what_this_machine_cannot_run_as_blocked(app, fixtures_env, 
     assert result.output.count("– blocked") == 2 and "0 passed, 0 failed, 2 blocked" in result.output
     xml = junit.read_text()
     assert 'tests="2" failures="0" skipped="2"' in xml, xml
-    assert xml.count('<skipped message="blocked: --device gpu: no usable GPU here') == 2, xml
+    assert xml.count('<skipped message="blocked: CUDA_VISIBLE_DEVICES hides every GPU; use --device cpu"') == 2, xml
     assert_fits(result.output)
 
 

@@ -48,8 +48,8 @@ def parse_np(text, lesson):
 def parse_timeout(value):
     """--timeout: a finite number of seconds > 0, at most a day; None keeps the YAML's."""
     if value is not None and not 0 < value <= schema.MAX_TIMEOUT_S:  # nan and inf fail this too
-        raise UsageError(f"--timeout must be positive, at most {schema.MAX_TIMEOUT_S} s (a day): got "
-                         f"{value} (the watchdog cannot be switched off)")
+        raise UsageError(f"--timeout must be positive, at most {schema.MAX_TIMEOUT_S} s, not {value:g} (the "
+                         "watchdog cannot be switched off)")
     return value
 
 
@@ -121,20 +121,20 @@ def needs(lesson, np, api, device, force=False):
     cores for np ranks, a GPU per local rank, the libraries the path imports (looked up, not imported)."""
     ceiling = np_ceiling()
     if ceiling and np > ceiling and not force:
-        raise Blocked(f"-n {np}: more ranks than {launch.usable_cores()} cores run sensibly (at most "
-                      f"{ceiling}); add --force to run them anyway")
+        raise Blocked(f"-n {np} is more ranks than {launch.usable_cores()} cores run sensibly (at most "
+                      f"{ceiling}); --force runs it anyway")
     gpu = device == "gpu" or lesson.needs_gpu
     if gpu:
         n, why = _gpus()
         local = np if not os.environ.get("MPIEXEC") else 1  # across nodes only the ranks can tell
         if n == 0:
-            raise Blocked(f"--device gpu: no usable GPU here ({why}); use --device cpu or auto")
+            raise Blocked(f"{why}; " + ("this lesson needs a GPU" if lesson.needs_gpu else "use --device cpu"))
         if local > n:
-            raise Blocked(f"--device gpu: {np} ranks but {n} GPU(s) on this node; NCCL needs one GPU "
-                          "per rank (lower -n or use --device cpu)")
+            raise Blocked(f"{np} ranks, {n} GPU(s) here: NCCL needs one GPU per rank; lower -n or use "
+                          "--device cpu")
     wanted = (["torch"] if api == "torch" else []) + (["cupy"] if gpu and api == "mpi4py" else [])
     missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing:
         other = "use --api mpi4py" if "torch" in missing else "use --device cpu"
-        raise Blocked(f"--api {api} --device {device}: this Python cannot import {missing[0]} "
-                      f"(install it, or {other})")
+        raise Blocked(f"this Python cannot import {missing[0]} (for {'--api torch' if missing[0] == 'torch' else '--device gpu'}); "
+                      f"install it or {other}")
