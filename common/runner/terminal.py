@@ -106,7 +106,7 @@ def wrapped_table(table, headers, rows, width=WIDTH):
     room = max(20, width - sum(widths) - 2 * len(widths))
     out = []
     for row in rows:
-        parts = textwrap.wrap(str(row[-1]), room, break_long_words=False) or [""]
+        parts = textwrap.wrap(str(row[-1]), room, break_long_words=False, break_on_hyphens=False) or [""]
         out.append((*row[:-1], parts[0]))
         out += [("",) * (len(row) - 1) + (more,) for more in parts[1:]]
     return table(headers, out, align=[False] * len(headers))
