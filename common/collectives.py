@@ -77,7 +77,7 @@ def mpi_library(ctx):
         else:
             comm.Alltoallv([inp, (inp_counts, [a for a, _ in bounds(inp_counts)])],
                            [out, (out_counts, [a for a, _ in bounds(out_counts)])])
-    names = {"reduce_scatter": "MPI_Reduce_scatter", "all_gather": "MPI_Allgather",
+    names = {"reduce_scatter": "MPI_Reduce_scatter_block", "all_gather": "MPI_Allgather",
              "all_to_all": "MPI_Alltoall"}
     return types.SimpleNamespace(reduce_scatter=reduce_scatter, all_gather=all_gather,
                                  all_to_all=all_to_all, missing={}, names=names, sync=timing.HOST)
@@ -161,7 +161,7 @@ def torch_library(ctx):
 
     def all_to_all(out, inp, out_counts, inp_counts):
         dist.all_to_all_single(out, inp, out_counts, inp_counts)
-    missing = {"all_gather": f"{backend}'s all_gather wants equal sizes: uneven blocks padded to the largest"}
+    missing = {"all_gather": "all_gather_single takes equal blocks: uneven ones padded to the largest"}
     names = {"reduce_scatter": f"{backend} reduce_scatter", "all_gather": f"{backend} all_gather",
              "all_to_all": f"{backend} all_to_all"}
     return types.SimpleNamespace(reduce_scatter=reduce_scatter, all_gather=all_gather,

@@ -51,6 +51,7 @@ UNIT = 1000               # all-to-all: rank r sends j*UNIT items to rank j
 AR_COUNT = 1 << 18        # section 3's all-reduce buffer (items)
 TOKENS, DMODEL = 512, 16  # section 5: tokens per rank, features per token (float64)
 MOE_SEED = 90             # router and experts
+MOE_SHIFT = 0.5           # the tokens' shared offset: the router favours some experts
 RACE = dict(begin="4K", end="1M", mult=16, iters=3, warmup=1)      # default run: a short race
 BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)    # --bench: nccl-tests' defaults
 
@@ -190,26 +191,307 @@ def show_halves(ctx, runs, itemsize):
           "  one process or from the library (both halves), plus send buffers the call changed", flush=True)
 
 
+# ---------------------------------------------------------------- section 2: all-to-all, uneven
+def exchange_all(ctx, args, be, lib):
+    """Rank r sends j*unit items to rank j (so it receives r*unit from each): by hand and by library."""
+    n, rank, unit = ctx.world_size, ctx.rank, args.unit
+    send_counts, recv_counts = [j * unit for j in range(n)], [rank * unit] * n
+    every = [buffers.seeded(SEED + r, unit * n * (n - 1) // 2, args.dtype, small_ints=True) for r in range(n)]
+    want = np.concatenate([every[j][slice(*collectives.bounds(send_counts)[rank])] for j in range(n)])
+    x = buffers.on_device(ctx, every[rank].copy())
+    got, lib_got = buffers.empty(ctx, rank * unit * n, args.dtype), buffers.empty(ctx, rank * unit * n, args.dtype)
+    with be.phase("all_to_all"):
+        all_to_all(be, x, send_counts, got, recv_counts, rank, n)
+    with lib.phase("all_to_all"):
+        lib.all_to_all(lib_got, x, recv_counts, send_counts)
+    lib.sync()
+    mine = seen(be, "all_to_all")
+    return {"unit": unit, "rounds": mine["calls"], "bytes": mine["bytes"],
+            "recv_bytes": mine.get("recv_bytes", 0), "peers": len(mine["peers"]),
+            "wrong_ref": wrong(got, want), "wrong_lib": wrong(got, buffers.to_host(lib_got)),
+            "send_changed": wrong(x, every[rank])}
+
+
+def show_exchange(ctx, a2a, itemsize):
+    every = ctx.comm.gather(a2a, root=0)
+    if ctx.rank:
+        return
+    n, unit = ctx.world_size, a2a["unit"]
+    rows = [[r, f"{r * unit} from each" if n > 1 else "-", m["rounds"], m["peers"], m["bytes"],
+             itemsize * unit * (n * (n - 1) // 2 - r), m["wrong_ref"] + m["wrong_lib"] + m["send_changed"]]
+            for r, m in enumerate(every)]
+    print(f"rank r sends j*{unit} items to rank j (none to rank 0), so it receives r*{unit} from each")
+    print(report.table(["rank", "receives (items)", "rounds", "peers", "bytes sent", "want", "#wrong"], rows))
+    print(f"want: {itemsize} B x {unit} x (0+1+...+(N-1) - r): every block but the one it keeps. #wrong:\n"
+          "  items differing from one process or from the library, plus a send buffer changed", flush=True)
+
+
+# ---------------------------------------------------------------- section 3: all-reduce from its halves
+def halves_make_whole(ctx, args, be, lib, library, pick):
+    """reduce-scatter + all-gather vs all-reduce: the same sum, the same bytes as lesson 05's ring,
+    and the time of the library's two halves against its whole."""
+    n, rank, five = ctx.world_size, ctx.rank, bootstrap.lesson_module("05")
+    counts = shards.counts_displs(args.ar_count, n)[0]
+    host = buffers.seeded(SEED + rank, args.ar_count, args.dtype, small_ints=True)
+    x, whole = buffers.on_device(ctx, host.copy()), buffers.on_device(ctx, host.copy())
+    mine = buffers.empty(ctx, counts[rank], args.dtype)
+    out, ring = buffers.empty(ctx, args.ar_count, args.dtype), buffers.on_device(ctx, host.copy())
+    scratch = buffers.empty(ctx, max(counts), args.dtype)
+    raw = p2p.backend(ctx)  # uncounted, for the clock
+    with be.phase("rs+ag"):
+        reduce_scatter(be, x, mine, counts, rank, n)
+        all_gather(be, mine, out, counts, rank, n)
+    with be.phase("ring 05"):  # lesson 05's all-reduce on its own chunks
+        five.ring_allreduce(ring, scratch, shards.chunk_bounds(args.ar_count, n), rank, n, be.exchange,
+                            five.inplace_add)
+    raw.allreduce(whole)
+    raw.sync()
+    bad = wrong(out, buffers.to_host(whole))  # before the clock: the timed calls run in place, again and again
+    sent = {k: seen(be, k)["bytes"] for k in ("rs+ag", "ring 05")}
+    t = {"hand_rs_ag": lambda: (reduce_scatter(raw, x, mine, counts, rank, n),
+                                all_gather(raw, mine, out, counts, rank, n)),
+         "hand_ring": lambda: five.ring_allreduce(ring, scratch, shards.chunk_bounds(args.ar_count, n), rank,
+                                                  n, raw.exchange, five.inplace_add),
+         "lib_rs_ag": lambda: (library.reduce_scatter(mine, x, counts), library.all_gather(out, mine, counts)),
+         "lib_allreduce": lambda: raw.allreduce(whole)}
+    secs = {k: bandwidth.time_op(ctx.comm, fn, pick["warmup"], pick["iters"], raw.sync) for k, fn in t.items()}
+    return {"ar_count": args.ar_count, "wrong": bad, "rs_ag_bytes": sent["rs+ag"],
+            "ring_bytes": sent["ring 05"], "rs_ag_total": ctx.comm.allreduce(sent["rs+ag"]),
+            "ring_total": ctx.comm.allreduce(sent["ring 05"]), **{f"{k}_us": v * 1e6 for k, v in secs.items()}}
+
+
+def show_whole(ctx, whole, itemsize, library):
+    every = ctx.comm.gather(whole, root=0)
+    if ctx.rank:
+        return
+    n, w = ctx.world_size, whole
+    size = w["ar_count"] * itemsize
+    print(f"{w['ar_count']} items ({size} B) per rank; the library's all-reduce is the reference")
+    print(report.table(["", "bytes sent per rank", "all ranks", "time us", "#wrong"],
+                       [["RS + AG by hand", per_rank([m["rs_ag_bytes"] for m in every]), w["rs_ag_total"],
+                         round(w["hand_rs_ag_us"], 1), sum(m["wrong"] for m in every)],
+                        ["lesson 05's ring", per_rank([m["ring_bytes"] for m in every]), w["ring_total"],
+                         round(w["hand_ring_us"], 1), "-"],
+                        [f"library RS + AG", "-", "-", round(w["lib_rs_ag_us"], 1), "-"],
+                        [f"library all-reduce", "-", "-", round(w["lib_allreduce_us"], 1), "-"]],
+                       align=[0, 0, 1, 1, 1]))
+    print(f"all ranks: 2(N-1) x {size} B = {2 * (n - 1) * size} B, both ways: the ring is the two halves")
+    if n > 1 and w["lib_allreduce_us"] > 0:
+        ratio = w["lib_rs_ag_us"] / w["lib_allreduce_us"]
+        verdict = ("about the same: the whole costs what its halves do" if 0.8 <= ratio <= 1.25
+                   else "the one call beats its halves called apart" if ratio > 1.25
+                   else "the halves beat the one call")
+        print(f"library RS + AG: {ratio:.2f}x its all-reduce's time here: {verdict}", flush=True)
+
+
+# ---------------------------------------------------------------- section 4: the race
+def race(ctx, args, be, library, pick, sweep):
+    """Each hand-made collective vs the library's on equal blocks, nccl-tests' columns; size = the
+    whole buffer (the reduce-scatter's input, the all-gather's output, the all-to-all's send)."""
+    n, rank, itemsize = ctx.world_size, ctx.rank, np.dtype(args.dtype).itemsize
+    rows = []
+    for op in ("reduce_scatter", "all_gather", "all_to_all"):
+        for size in sweep:
+            each = max(size // itemsize // n, 1)
+            counts, count = [each] * n, each * n
+            x = buffers.on_device(ctx, buffers.seeded(SEED + rank, count, args.dtype, small_ints=True))
+            small, big = buffers.empty(ctx, each, args.dtype), buffers.empty(ctx, count, args.dtype)
+            lib_small, lib_big = buffers.empty(ctx, each, args.dtype), buffers.empty(ctx, count, args.dtype)
+            hand, lib = {
+                "reduce_scatter": (lambda: reduce_scatter(be, x, small, counts, rank, n),
+                                   lambda: library.reduce_scatter(lib_small, x, counts)),
+                "all_gather": (lambda: all_gather(be, x[:each], big, counts, rank, n),
+                               lambda: library.all_gather(lib_big, x[:each], counts)),
+                "all_to_all": (lambda: all_to_all(be, x, counts, big, counts, rank, n),
+                               lambda: library.all_to_all(lib_big, x, counts, counts))}[op]
+            hand()
+            lib()
+            be.sync()
+            got, want = (small, lib_small) if op == "reduce_scatter" else (big, lib_big)
+            bad = ctx.comm.allreduce(wrong(got, buffers.to_host(want)))
+            t_hand = bandwidth.time_op(ctx.comm, hand, pick["warmup"], pick["iters"], be.sync)
+            t_lib = bandwidth.time_op(ctx.comm, lib, pick["warmup"], pick["iters"], be.sync)
+            nb, kind = count * itemsize, op.replace("_", "")
+            rows.append({"op": op, "size": nb, "count": count, "type": args.dtype,
+                         "redop": "sum" if op == "reduce_scatter" else "none",
+                         "hand_us": t_hand * 1e6, "hand_algbw": bandwidth.algbw(nb, t_hand),
+                         "hand_busbw": bandwidth.busbw(kind, nb, t_hand, n), "lib_us": t_lib * 1e6,
+                         "lib_algbw": bandwidth.algbw(nb, t_lib), "lib_busbw": bandwidth.busbw(kind, nb, t_lib, n),
+                         "wrong": bad, "ratio": t_lib / t_hand if t_hand > 0 else 0.0})
+    return rows
+
+
+def show_race(ctx, rows, pick, library):
+    if ctx.rank:
+        return
+    print(f"time: the slowest rank's mean of {pick['iters']} after {pick['warmup']} warm-up; size: the whole "
+          f"buffer\nbusbw = algbw x (N-1)/N for all three; hand/lib = hand busbw / library busbw")
+    for op in ("reduce_scatter", "all_gather", "all_to_all"):
+        mine = [r for r in rows if r["op"] == op]
+        print(f"\n{op.replace('_', '-')}: by hand vs {library.names[op]}")
+        print(report.table(["size B", "count", "type", "redop", "hand us", "algbw", "busbw", "lib us", "algbw",
+                            "busbw", "#wrong", "hand/lib"],
+                           [(r["size"], r["count"], r["type"], r["redop"], round(r["hand_us"], 1),
+                             round(r["hand_algbw"], 3), round(r["hand_busbw"], 3), round(r["lib_us"], 1),
+                             round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
+                            for r in mine]))
+    print(end="", flush=True)
+
+
+# ---------------------------------------------------------------- section 5: mixture of experts
+def moe_weights(n, d):
+    """The router (d x N: one logit per expert) and N experts (d x d each); expert e lives on rank e."""
+    router = np.random.default_rng(MOE_SEED).standard_normal((d, n))
+    experts = [np.random.default_rng(MOE_SEED + 1 + e).standard_normal((d, d)) / np.sqrt(d) for e in range(n)]
+    return router, experts
+
+
+def moe_tokens(rank, count, d):
+    """Rank r's tokens; the shared offset tilts the router towards some experts, as real ones drift."""
+    return np.random.default_rng(SEED + 100 + rank).standard_normal((count, d)) + MOE_SHIFT
+
+
+def route(x, router):
+    """Top-1 routing: each token's expert, and its gate (that expert's softmax probability)."""
+    logits = x @ router
+    expert = logits.argmax(axis=1)
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return expert, (z / z.sum(axis=1, keepdims=True))[np.arange(len(x)), expert]
+
+
+def expert_apply(w, x):
+    return np.tanh(x @ w)
+
+
+def moe_one_process(n, count, d):
+    """The whole layer in one process, on every rank's tokens: the reference."""
+    router, experts = moe_weights(n, d)
+    x = np.concatenate([moe_tokens(r, count, d) for r in range(n)])
+    expert, gate = route(x, router)
+    y = np.empty_like(x)
+    for e, w in enumerate(experts):
+        y[expert == e] = expert_apply(w, x[expert == e])
+    return y * gate[:, None]
+
+
+def moe_layer(ctx, be, x, router, w_mine, d):
+    """Distributed: route my tokens, send each to its expert's rank, apply mine, send results back.
+    Returns (my tokens' outputs, tokens I sent to each rank, tokens each rank sent me)."""
+    n, rank = ctx.world_size, ctx.rank
+    expert, gate = route(x, router)
+    order = np.argsort(expert, kind="stable")  # my tokens grouped by destination rank, in token order
+    send_counts = np.bincount(expert, minlength=n).astype(np.int64)
+    ones = [1] * n
+    # >>> exercise: dispatch
+    with be.phase("moe counts"):  # counts first: a receiver must know how much is coming from whom
+        got_counts = buffers.empty(ctx, n, np.int64)
+        all_to_all(be, buffers.on_device(ctx, send_counts), ones, got_counts, ones, rank, n)
+        recv_counts = buffers.to_host(got_counts).astype(np.int64)
+    with be.phase("moe tokens"):  # then the tokens, uneven: send_counts[j] tokens of d features to rank j
+        tokens = buffers.empty(ctx, int(recv_counts.sum()) * d, x.dtype)
+        all_to_all(be, buffers.on_device(ctx, x[order].ravel()), list(send_counts * d), tokens,
+                   list(recv_counts * d), rank, n)
+    # <<< exercise: dispatch
+    be.sync()
+    out = expert_apply(w_mine, buffers.to_host(tokens).reshape(-1, d))  # my expert, on every rank's tokens
+    with be.phase("moe results"):  # back the way they came: the counts swap roles
+        back = buffers.empty(ctx, len(x) * d, x.dtype)
+        all_to_all(be, buffers.on_device(ctx, out.ravel()), list(recv_counts * d), back, list(send_counts * d),
+                   rank, n)
+    be.sync()
+    y = np.empty_like(x)
+    y[order] = buffers.to_host(back).reshape(-1, d)
+    return y * gate[:, None], send_counts, recv_counts
+
+
+def moe(ctx, args, be):
+    n, rank, d = ctx.world_size, ctx.rank, DMODEL
+    router, experts = moe_weights(n, d)
+    y, sent, got = moe_layer(ctx, be, moe_tokens(rank, args.tokens, d), router, experts[rank], d)
+    want = moe_one_process(n, args.tokens, d)[rank * args.tokens:(rank + 1) * args.tokens]
+    return {"moe_err": float(np.abs(y - want).max()) if y.size else 0.0, "tokens_in": int(got.sum()),
+            "kept": int(sent[rank]), "count_rounds": seen(be, "moe counts")["calls"],
+            "count_bytes": seen(be, "moe counts")["bytes"], "token_bytes": seen(be, "moe tokens")["bytes"],
+            "result_bytes": seen(be, "moe results")["bytes"]}
+
+
+def show_moe(ctx, mine, tokens):
+    every = ctx.comm.gather(mine, root=0)
+    if ctx.rank:
+        return None
+    n = ctx.world_size
+    loads = [m["tokens_in"] for m in every]
+    print(f"{tokens} tokens of {DMODEL} features (float64) per rank; top-1 router; expert e on rank e")
+    print(report.table(["rank", "tokens its expert got", "load", "kept", "sent away", "bytes out",
+                        "bytes back", "max |err|"],
+                       [[r, m["tokens_in"], "#" * round(20 * m["tokens_in"] / max(max(loads), 1)), m["kept"],
+                         tokens - m["kept"], m["token_bytes"], m["result_bytes"], m["moe_err"]]
+                        for r, m in enumerate(every)], align=[1, 1, 0, 1, 1, 1, 1, 1]))
+    busiest = max(loads) / (sum(loads) / n) if sum(loads) else 0.0
+    print(f"max |err|: against one process running the whole layer. The busiest expert got {busiest:.2f}x "
+          "the mean")
+    if busiest > 1.2:
+        print("  load: its rank computes longest and receives most, and every rank waits for it at the\n"
+              "  results all-to-all; real MoE layers cap it (a capacity factor) or train the router to spread")
+    print(end="", flush=True)
+    return {"moe_tokens": sum(loads), "moe_load": loads, "moe_busiest_over_mean": busiest}
+
+
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--counts", type=bootstrap.count_list, default=[0, 1, 7, 10007], metavar="C,C,...",
                         help="buffer sizes (items) split into near-equal blocks (default 0,1,7,10007)")
     parser.add_argument("--skew", type=bootstrap.nonneg_int, default=SKEW,
                         help=f"also a layout where rank r's block is r*SKEW items (0: none; default {SKEW})")
+    parser.add_argument("--unit", type=bootstrap.nonneg_int, default=UNIT,
+                        help=f"all-to-all: rank r sends j*UNIT items to rank j (default {UNIT})")
+    parser.add_argument("--ar-count", type=bootstrap.positive(int), default=AR_COUNT,
+                        help=f"section 3's all-reduce buffer, items (default {AR_COUNT})")
+    parser.add_argument("--tokens", type=bootstrap.nonneg_int, default=TOKENS,
+                        help=f"mixture of experts: tokens per rank (default {TOKENS})")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    bandwidth.add_sweep_flags(parser, BENCH)
+    parser.add_argument("--no-race", action="store_true", help="skip the timed sections 3 and 4's race")
     args, ctx = bootstrap.start(__file__, parser)
     n, rank = ctx.world_size, ctx.rank
+    try:
+        pick, sweep = bandwidth.sweep_plan(args, RACE, BENCH)
+    except ValueError as exc:
+        ctx.fail(str(exc))
     itemsize = np.dtype(args.dtype).itemsize
     be = counting.Counted(p2p.backend(ctx), n, rank=rank)  # exchange: Sendrecv / ncclSend+Recv / batch_isend_irecv
     library = collectives.library(ctx)
     lib = counting.Counted(library, n, rank=rank)
-    params = {"dtype": args.dtype, "itemsize": itemsize, "counts": args.counts, "skew_items": args.skew}
+    raced = not args.no_race and n > 1
+    params = {"dtype": args.dtype, "itemsize": itemsize, "counts": args.counts, "skew_items": args.skew,
+              "unit": args.unit, "ar_count": args.ar_count, "tokens": args.tokens, "dmodel": DMODEL,
+              "race": int(raced)}
+    head = f"{n} ranks, {args.dtype}, api {ctx.api} ({ctx.transport})"
 
-    report.section(ctx, f"1. reduce-scatter and all-gather by hand on {n} ranks, {args.dtype}, api {ctx.api} "
-                        f"({ctx.transport})")
+    report.section(ctx, f"1. reduce-scatter and all-gather by hand, {head}")
     runs = halves(ctx, args, be, lib)
     show_halves(ctx, runs, itemsize)
-    report.finish(ctx, {"halves": runs, "comm": be.counts, "lib_comm": lib.counts}, params=params)
+    if rank == 0 and library.missing:
+        print("\n".join(f"the library here: {line}" for line in library.missing.values()), flush=True)
+    report.section(ctx, "2. all-to-all by hand, pairwise: uneven blocks")
+    a2a = exchange_all(ctx, args, be, lib)
+    show_exchange(ctx, a2a, itemsize)
+    values, summary = {"halves": runs, "a2a": a2a}, {}
+    if raced:
+        report.section(ctx, "3. all-reduce = reduce-scatter + all-gather")
+        whole = halves_make_whole(ctx, args, be, lib, library, pick)
+        show_whole(ctx, whole, itemsize, library)
+        report.section(ctx, "4. the race: by hand vs the library, equal blocks")
+        rows = race(ctx, args, p2p.backend(ctx), library, pick, sweep)
+        show_race(ctx, rows, pick, library)
+        values["whole"] = whole
+        summary.update(race=rows, race_wrong=sum(r["wrong"] for r in rows))
+    report.section(ctx, "5. a mixture-of-experts layer: tokens to their experts and back (all-to-all)")
+    values["moe"] = moe(ctx, args, be)
+    values["moe_kept"] = values["moe"]["kept"]  # a scalar of the rank's own item: a YAML check reads it
+    summary.update(show_moe(ctx, values["moe"], args.tokens) or {})
+    values.update(comm=be.counts, lib_comm=lib.counts)
+    report.finish(ctx, values, summary=summary, params=params)
 
 
 if __name__ == "__main__":
