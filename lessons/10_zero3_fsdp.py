@@ -42,12 +42,14 @@ Run it:
 import math
 import os
 import sys
+import textwrap
+import types
 import weakref
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, buffers, counting, p2p, report, shards, timing  # noqa: E402
+from common import bootstrap, buffers, collectives, counting, p2p, report, shards, timing  # noqa: E402
 
 SEED = 10                 # weights and data come from this seed, identical on every rank
 SIZES = "6,13,11,9,7,3"   # MLP widths, tanh between; layer items 91, 154, 108, 70, 24 (447)
@@ -276,6 +278,20 @@ def ring_allreduce(ctx, be, nine, buf, dtype):
     nine.all_gather(be, mine, buf, [chunk] * n, rank, n)
 
 
+# (d): lesson 09's signatures on the library's own calls, so fsdp_train runs unchanged on them
+ON_LIBRARY = types.SimpleNamespace(
+    all_gather=lambda be, send, recv, counts, rank, n: be.all_gather(recv, send, counts),
+    reduce_scatter=lambda be, send, recv, counts, rank, n: be.reduce_scatter(recv, send, counts))
+
+
+def library_backend(ctx, n):
+    """The library's all-gather and reduce-scatter (common/collectives), counted; its all-reduce too."""
+    lib, be = collectives.library(ctx), p2p.backend(ctx)
+    calls = types.SimpleNamespace(all_gather=lib.all_gather, reduce_scatter=lib.reduce_scatter,
+                                  allreduce=be.allreduce, sync=lib.sync)
+    return lib, counting.Counted(calls, n)
+
+
 def max_diff(a, b):
     return max(float(np.abs(p - q).max()) if p.size else 0.0 for p, q in zip(a, b))
 
@@ -343,12 +359,23 @@ def show_shards(ctx, dims, sizes_held, itemsize):
           f"last shard of a layer\nends in its padding, zeros whose gradient is 0", flush=True)
 
 
-def show_equal(ctx, args, rows):
-    print(report.table(["rank", "SGD: |a-b|", "end: |a-b|", "end: |a-c|", "end: |c-b|"], once(rows),
-                       align=[True] * 5))
+def show_equal(ctx, args, rows, lib):
+    print(report.table(["rank", "SGD: |a-b|", "end: |a-b|", "end: |a-c|", "end: |c-b|", "end: |d-b|"],
+                       once(rows), align=[True] * 6))
     print(f"max |dparam| after the {args.sgd_steps} SGD steps and at the end; tolerance "
           f"{TOL[args.dtype]:g} ({args.dtype}):\nthe ring adds the ranks' partial sums in its own "
           "order, not the single process's", flush=True)
+    print(f"(d) = (a)'s code on the library's calls: {lib.names['all_gather']}, "
+          f"{lib.names['reduce_scatter']}")
+    for op in ("all_gather", "reduce_scatter"):
+        if op in lib.missing:
+            print(wrapped(f"  {lib.missing[op]}; the padded shards are equal, so it takes them as "
+                          "they are"))
+    print(end="", flush=True)
+
+
+def wrapped(text):
+    return textwrap.fill(text, WIDTH_COLS, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def ratio(x, unit):
@@ -363,21 +390,25 @@ def show_zero_table(ctx, mine, rows, padded_bytes):
     same = all(r == rows[0] for r in rows)
     for rank, r in enumerate(rows if not same else rows[:1]):
         table = [(f"sent in {ph}", r["dp_sent"][ph], ratio(r["dp_sent"][ph], unit), r["sent"][ph],
-                  ratio(r["sent"][ph], unit)) for ph in ("forward", "backward", "step")]
+                  ratio(r["sent"][ph], unit), r["library_sent"][ph])
+                 for ph in ("forward", "backward", "step")]
         dp_total, z_total = sum(r["dp_sent"].values()), sum(r["sent"].values())
-        table.append(("sent in all", dp_total, ratio(dp_total, unit), z_total, ratio(z_total, unit)))
-        table += [("held: parameters (peak)", r["dp_param_bytes"], "", r["peak_param_bytes"], ""),
-                  ("held: gradients (peak)", r["dp_grad_bytes"], "", r["peak_grad_bytes"], ""),
-                  ("held: Adam's m and v", r["dp_state_bytes"], "", r["state_bytes"], "")]
+        table.append(("sent in all", dp_total, ratio(dp_total, unit), z_total, ratio(z_total, unit),
+                      sum(r["library_sent"].values())))
+        table += [("held: parameters (peak)", r["dp_param_bytes"], "", r["peak_param_bytes"], "", ""),
+                  ("held: gradients (peak)", r["dp_grad_bytes"], "", r["peak_grad_bytes"], "", ""),
+                  ("held: Adam's m and v", r["dp_state_bytes"], "", r["state_bytes"], "", "")]
         if not same:
             print(f"rank {rank}:")
-        print(report.table(["per rank, per step", "data parallel B", "x", "ZeRO-3 B", "x"], table,
-                           align=[False, True, True, True, True]))
+        print(report.table(["per rank, per step", "data parallel B", "x", "ZeRO-3 B", "x", "(d) nominal B"],
+                           table, align=[False, True, True, True, True, True]))
     if n == 1:
         print("one rank: nothing to send, and its shards are the whole model")
     else:
         print(f"x: in units of P (N-1)/N = {unit} B, P = {padded_bytes} B the padded parameters; "
               + ("the same on every rank" if same else "the ranks differ"))
+        print("(d) nominal: what a ring sends for the library's calls (a library does not say what it "
+              "sent)")
     r = rows[0]
     extra = r["peak_gathered_bytes"]
     largest = mine["largest_padded_bytes"]
@@ -443,7 +474,12 @@ def main():
                                   allreduce=lambda g: ring_allreduce(ctx, be_dp, nine, g, dtype),
                                   held=held_dp)
 
+    lib, be_lib = library_backend(ctx, n)  # (d): the same ZeRO-3 code on the library's collectives
+    after_d = fsdp_train(ctx, xp, be_lib, ON_LIBRARY, flats, dims, x[lo:hi], t[lo:hi], args.batch,
+                         schedule, {k: Held() for k in ("params", "grads", "state")})[0]
+
     full_a = [gathered(ctx, a, flats) for a in after_a]
+    full_d = gathered(ctx, after_d[-1], flats)
     at_sgd = args.sgd_steps - 1
     itemsize = dtype.itemsize
     layers = []
@@ -458,6 +494,7 @@ def main():
            "end_vs_single": max_diff(full_a[-1], after_b[-1]),
            "end_vs_dp": max_diff(full_a[-1], after_c[-1]),
            "dp_vs_single": max_diff(after_c[-1], after_b[-1]),
+           "library_vs_single": max_diff(full_d, after_b[-1]),
            "layers": layers, "shard_bytes": shard_bytes,
            "peak_param_bytes": held["params"].peak, "peak_gathered_bytes": held["params"].peak - shard_bytes,
            "peak_grad_bytes": held["grads"].peak, "peak_layer_grad_bytes": held["grads"].peak - shard_bytes,
@@ -466,7 +503,9 @@ def main():
            "dp_state_bytes": held_dp["state"].peak,
            "sent": {ph: be.total(phases=[ph]) // steps for ph in ("forward", "backward", "step")},
            "dp_sent": {ph: be_dp.total(phases=[ph]) // steps for ph in ("forward", "backward", "step")},
-           "comm": {"zero3": be.counts, "dp": be_dp.counts}}
+           "library_sent": {ph: be_lib.total(phases=[ph]) // steps for ph in ("forward", "backward",
+                                                                               "step")},
+           "comm": {"zero3": be.counts, "dp": be_dp.counts, "zero3_library": be_lib.counts}}
     row["zero3_over_dp"] = sum(row["sent"].values()) / dp_layer if dp_layer else None
 
     report.section(ctx, f"1. the shards: MLP {' -> '.join(map(str, args.sizes))}, {args.dtype}, "
@@ -476,12 +515,13 @@ def main():
     report.section(ctx, f"2. {args.sgd_steps} SGD steps (lr {LR_SGD}), then {args.adam_steps} Adam "
                         f"steps (lr {LR_ADAM}), batch {args.batch}, {ctx.api} ({ctx.transport})")
     if rank == 0:
-        print("(a) ZeRO-3 by hand  (b) one process, whole batch\n(c) data parallel: each layer's "
-              "gradient all-reduced (reduce-scatter, then all-gather)", flush=True)
+        print("(a) ZeRO-3 by hand  (b) one process, whole batch  (d) (a) on the library's collectives"
+              "\n(c) data parallel: each layer's gradient all-reduced (reduce-scatter, then all-gather)",
+              flush=True)
     rows = ctx.comm.gather((rank, row["sgd_vs_single"], row["end_vs_single"], row["end_vs_dp"],
-                            row["dp_vs_single"]), root=0)
+                            row["dp_vs_single"], row["library_vs_single"]), root=0)
     if rank == 0:
-        show_equal(ctx, args, rows)
+        show_equal(ctx, args, rows, lib)
     report.section(ctx, "3. the ZeRO table: bytes each rank sends per step, and holds")
     largest = max(-(-layer_items(*d) // n) * n for d in dims) * itemsize
     every = ctx.comm.gather({k: row[k] for k in row if k not in ("comm", "layers")}, root=0)
