@@ -1,4 +1,4 @@
-"""Lesson 10 — ZeRO-3 / FSDP by hand: each rank keeps 1/N of the model and gathers a layer only to use it.
+"""Lesson 10 — ZeRO-3 / FSDP by hand: each rank keeps 1/N of the model, gathers a layer only to use it.
 
 The idea: data parallelism (lesson 08) keeps a whole copy of the parameters, the gradients and the
 optimizer state on every rank, and all-reduces the gradients. ZeRO stage 3 (DeepSpeed) and FSDP
@@ -20,15 +20,20 @@ What to watch for:
   2. equal to one process and to data parallelism (checked): a seeded MLP trained --sgd-steps SGD
      steps then --adam-steps Adam steps three ways in the same run: (a) ZeRO-3 by hand, (b) one process
      on the whole batch (every rank computes it: the model is tiny), (c) data parallelism, each layer's
-     gradient all-reduced as a reduce-scatter then an all-gather (lesson 09's ring). The local loss is
-     (sum of my per-sample losses) / B_global, so sums over ranks need no division (lesson 08).
-     Tolerance: the ring adds the ranks' partial sums in its own order, not the single process's, so
-     results differ in the last bits (measured: ~1e-16 in float64, ~1e-7 in float32); the checks allow
-     1e-10 / 1e-5: an unreduced or misplaced gradient moves the parameters by far more.
+     gradient all-reduced as a reduce-scatter then an all-gather (lesson 09's ring), and (d) (a)'s
+     own code on the library's all-gather and reduce-scatter (common/collectives: MPI_Allgather and
+     MPI_Reduce_scatter_block, NCCL's allGather and reduceScatter, torch's all_gather_single and
+     reduce_scatter_single). NCCL's and torch's take one count for every rank: the padding to
+     equal shards is what lets FSDP call them.
+     The local loss is (sum of my per-sample losses) / B_global, so sums over ranks need no division.
+     Tolerance: the ring adds the ranks' partial sums in its own order, not the single process's,
+     so results differ in the last bits (measured: ~1e-16 in float64, ~6e-8 in float32); the
+     checks allow 1e-10 / 1e-5: an unreduced or misplaced gradient moves the parameters far more.
   3. the ZeRO table (counted, measured): bytes each rank sent per step, phase by phase, beside data
      parallelism's, in units of the padded parameter bytes P times (N-1)/N, the volume of one ring
      all-gather or reduce-scatter: ZeRO-3 sends 1 in forward and 2 in backward (3 in all), data
-     parallelism 2, all in backward. And the bytes each rank holds: parameters (peak, measured by
+     parallelism 2, all in backward; (d)'s column is nominal (what a ring would send for the
+     library's calls). And the bytes each rank holds: parameters (peak, measured by
      tracking every array until Python frees it: my shards plus one gathered layer), gradients (peak:
      my gradient shards plus one layer's full gradient), Adam's m and v (2 x my shards).
   4. on --api torch: torch's own FSDP (torch.distributed.fsdp.fully_shard) trains the same model from
