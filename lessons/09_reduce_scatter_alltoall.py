@@ -89,6 +89,8 @@ def reduce_scatter(be, send, recv, counts, rank, n):
     except _Halfway:
         pass
     a, b = chunks[(rank + 1) % n]  # = block `rank`
+    assert b - a == counts[rank], (f"rank {rank}: the ring's chunk for block {rank} holds {b - a} items, "
+                                   f"the block {counts[rank]}: chunk bounds must come from the counts")
     recv[:] = work[a:b]
 
 
@@ -386,6 +388,7 @@ def moe_layer(ctx, be, x, router, w_mine, d):
     with be.phase("moe counts"):  # counts first: a receiver must know how much is coming from whom
         got_counts = buffers.empty(ctx, n, np.int64)
         all_to_all(be, buffers.on_device(ctx, send_counts), ones, got_counts, ones, rank, n)
+        be.sync()  # gpu: nccl is async; the host reads the counts next
         recv_counts = buffers.to_host(got_counts).astype(np.int64)
     with be.phase("moe tokens"):  # then the tokens, uneven: send_counts[j] tokens of d features to rank j
         tokens = buffers.empty(ctx, int(recv_counts.sum()) * d, x.dtype)
