@@ -99,11 +99,15 @@ class Ctx:
     single_node: bool = True
     store_addr: tuple = None  # (host, port) of the torch TCPStore
 
-    def fail(self, message, code=2):
-        """End every rank cleanly with one line from rank 0 (every rank must call this together)."""
+    def fail(self, message, code=2, blocked=False):
+        """End every rank cleanly with one line from rank 0 (every rank must call this together).
+        blocked: what the run needs is missing here (a GPU per rank): the runner's status is `blocked`."""
         from mpi4py import MPI
         if self.rank == 0:
             print(f"{self.lesson}: {message}", file=sys.stderr, flush=True)
+            if blocked and os.environ.get("TUTOR_RUN_DIR"):
+                with open(os.path.join(os.environ["TUTOR_RUN_DIR"], "blocked"), "w") as f:
+                    f.write(message)
         MPI.Finalize()  # after Finalize, mpi4py exits with our code instead of calling MPI_Abort
         sys.exit(code)
 
@@ -128,7 +132,7 @@ def start(file, parser, argv=None, uses_torch=False):
     why = why if all_ready else missing[0]
     device, reason, error = devices.decide(args.device, all_ready, why)
     if error:
-        ctx.fail(error)
+        ctx.fail(error, blocked=True)
     ctx.device, ctx.why = device, reason
     if args.device == "auto" and device == "cpu" and comm.allreduce(seen, op=MPI.MAX) and ctx.rank == 0:
         print(textwrap.fill(f"note: GPUs were seen, but --device auto runs this on the CPU: {why}", 100,

@@ -95,10 +95,11 @@ def double(tmp_path_factory):
 def test_lesson_on_the_gpu_double(lesson, meta, n, double, monkeypatch, capfd):
     """The CuPy + NCCL path, every YAML check: it proves the calls (signatures read from the installed
     CuPy, syncs, groups, streams), not NCCL itself."""
-    if lesson.name in TORCH_ON_MPI4PY:  # its model runs on torch's CUDA, which the double does not stand in for
+    if lesson.name in TORCH_ON_MPI4PY:  # its model runs on torch's CUDA, not stood in for: blocked (exit 4)
         proc = tutor("run", lesson.name, "-n", str(n), "--device", "gpu", env=double, timeout=120)
-        assert proc.returncode == 2 and "torch GPU stack not usable" not in proc.stderr and \
-            "cannot use CUDA" in proc.stderr, proc.stdout + proc.stderr
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 4 and "BLOCKED" in said and "cannot use CUDA" in said, said
+        assert "torch GPU stack not usable" not in said and said.count("cannot use CUDA") == 1, said
         return
     for key, value in double.items():
         monkeypatch.setenv(key, value)

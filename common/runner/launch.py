@@ -112,6 +112,7 @@ class Outcome:
     signal: int = None                           # the signal that interrupted the runner
     launcher: tuple = None                       # (pid, signal) when mpiexec itself was killed
     bad_results: str = None                      # why the results file could not be read
+    blocked: str = None                          # why the lesson refused: what it needs is missing here
     ran: set = field(default_factory=set)        # exercise regions a practice run reached (grading.py)
 
 
@@ -176,6 +177,9 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     out.errors = read_errors(run_dir)
     out.pids = rank_pids(run_dir)
     out.ran = {name[4:] for name in os.listdir(run_dir) if name.startswith("ran-")}
+    if os.path.exists(os.path.join(run_dir, "blocked")):  # the lesson found no GPU per rank
+        with open(os.path.join(run_dir, "blocked")) as f:
+            out.blocked = f.read().strip() or "what the run needs is missing here"
     if os.path.exists(results_path) and not (out.timed_out or out.interrupted):
         try:
             with open(results_path) as f:

@@ -16,14 +16,16 @@ EXIT = {"pass": 0, "fail": 1, "usage": 2, "crash": 3, "blocked": 4, "timeout": 1
 
 
 def status(outcome, checks):
-    """The run's verdict as one word (GUIDE §3, Verdicts); `blocked` runs never launch, so an Outcome
-    is never blocked: the engine says it before launching."""
+    """The run's verdict as one word (GUIDE §3, Verdicts). The engine says `blocked` before launching
+    where it can tell; a lesson that finds no GPU per rank itself says so in its run folder."""
     if outcome.interrupted:
         return "interrupted"
     if outcome.timed_out:
         return "timeout"
     if ok(outcome, checks):
         return "pass"
+    if outcome.blocked and refused(outcome, checks):
+        return "blocked"
     if refused(outcome, checks):
         return "usage"
     return "crash" if checks is None or outcome.rc != 0 else "fail"
@@ -90,6 +92,9 @@ def explain(lesson, outcome, checks):
               for ranks, e in by_message(echoes)]
     if outcome.rc != 0 and not (outcome.launcher or killed or outcome.errors):
         last = next((l.strip() for l in reversed(outcome.tail) if l.strip()), "")
+        if outcome.blocked and refused(outcome, checks):  # ctx.fail(blocked=True): its line said why
+            return ["blocked: the lesson needs a usable GPU on every rank (its line above says what is "
+                    "missing);", "  `bin/tutor doctor` tells what this machine has, --device cpu runs it here"]
         if refused(outcome, checks):  # a lesson's flag parser or ctx.fail(): one line said why
             return [f"the lesson refused to run: {last}"]
         last = traceback_end(outcome.tail) or last
