@@ -54,3 +54,21 @@ def test_a_method_without_a_rule_is_refused_not_left_uncounted():
 
 def _n(buf):
     return buf.nbytes
+
+
+def test_reduce_scatter_and_gather_count_every_block_but_their_own_even_when_uneven():
+    be = counting.Counted(types.SimpleNamespace(reduce_scatter=lambda out, inp, counts: None,
+                                                all_gather=lambda out, inp, counts: None), 3)
+    be.reduce_scatter(np.zeros(2), np.zeros(12), [5, 2, 5])   # rank 1 keeps 2 of 12 items
+    be.all_gather(np.zeros(12), np.zeros(2), [5, 2, 5])
+    assert be.counts["main"]["reduce_scatter"]["bytes"] == 80 and be.counts["main"]["all_gather"]["bytes"] == 80
+
+
+def test_an_uneven_all_to_all_needs_the_rank_to_know_which_block_stays():
+    backend = types.SimpleNamespace(all_to_all=lambda out, inp, out_counts, inp_counts: None)
+    be = counting.Counted(backend, 3, rank=2)
+    be.all_to_all(np.zeros(6, np.float32), np.zeros(9, np.float32), [2, 2, 2], [1, 2, 6])
+    be.all_to_all(np.zeros(6, np.float32), np.zeros(6, np.float32), [2, 2, 2], [2, 2, 2])
+    assert be.counts["main"]["all_to_all"]["bytes"] == 4 * (1 + 2) + 4 * 4
+    with pytest.raises(ValueError, match="rank="):
+        counting.Counted(backend, 3).all_to_all(np.zeros(6), np.zeros(9), [2, 2, 2], [1, 2, 6])
