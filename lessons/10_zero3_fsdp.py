@@ -365,6 +365,7 @@ def show_shards(ctx, dims, sizes_held, itemsize):
 
 
 def show_equal(ctx, args, rows, lib):
+    rows = [(r[0], "-" if r[1] is None else r[1]) + tuple(r[2:]) for r in rows]  # no SGD steps: -
     print(report.table(["rank", "SGD: |a-b|", "end: |a-b|", "end: |a-c|", "end: |c-b|", "end: |d-b|"],
                        once(rows), align=[True] * 6))
     print(f"max |dparam| after the {args.sgd_steps} SGD steps and at the end; tolerance "
@@ -492,10 +493,10 @@ def main():
         layers.append({"items": layer_items(fan_in, fan_out), "shard": size, "state_bytes": moments[k],
                        "forward_bytes": sent[k]["forward"] // steps,
                        "backward_bytes": sent[k]["backward"] // steps})
-    dp_layer = be_dp.total() // steps
+    dp_per_step = be_dp.total() // steps
     shard_bytes = sum(sizes_held) * itemsize
     padded_bytes = sum(size * n for size in sizes_held) * itemsize
-    row = {"sgd_vs_single": max_diff(full_a[at_sgd], after_b[at_sgd]) if args.sgd_steps else 0.0,
+    row = {"sgd_vs_single": max_diff(full_a[at_sgd], after_b[at_sgd]) if args.sgd_steps else None,
            "end_vs_single": max_diff(full_a[-1], after_b[-1]),
            "end_vs_dp": max_diff(full_a[-1], after_c[-1]),
            "dp_vs_single": max_diff(after_c[-1], after_b[-1]),
@@ -511,7 +512,7 @@ def main():
            "library_sent": {ph: be_lib.total(phases=[ph]) // steps for ph in ("forward", "backward",
                                                                                "step")},
            "comm": {"zero3": be.counts, "dp": be_dp.counts, "zero3_library": be_lib.counts}}
-    row["zero3_over_dp"] = sum(row["sent"].values()) / dp_layer if dp_layer else None
+    row["zero3_over_dp"] = sum(row["sent"].values()) / dp_per_step if dp_per_step else None
 
     report.section(ctx, f"1. the shards: MLP {' -> '.join(map(str, args.sizes))}, {args.dtype}, "
                         f"{n} rank(s)")
