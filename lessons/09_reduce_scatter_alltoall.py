@@ -48,11 +48,11 @@ SEED = 9                  # rank r's data comes from seed SEED + r
 DTYPES = ("float32", "float64", "int32")
 SKEW = 1000               # --skew: rank r's block holds r*SKEW items
 UNIT = 1000               # all-to-all: rank r sends j*UNIT items to rank j
-AR_COUNT = 1 << 18        # section 3's all-reduce buffer (items)
+AR_COUNT = 1 << 16        # section 3's all-reduce buffer (items)
 TOKENS, DMODEL = 512, 16  # section 5: tokens per rank, features per token (float64)
 MOE_SEED = 90             # router and experts
 MOE_SHIFT = 0.5           # the tokens' shared offset: the router favours some experts
-RACE = dict(begin="4K", end="1M", mult=16, iters=3, warmup=1)      # default run: a short race
+RACE = dict(begin="4K", end="1M", mult=256, iters=3, warmup=1)     # default run: two sizes
 BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)    # --bench: nccl-tests' defaults
 
 
