@@ -80,3 +80,12 @@ def test_parse_stack_main_thread_innermost_first():
     assert frames[0] == ("recv", "/usr/lib/site-packages/torch/x.py:9")
     own, inner = rundir.blocked_at(frames)
     assert own == ("ring", "lessons/05_x.py:42") and inner == frames[0]
+
+
+def test_the_command_shown_fits_100_columns_and_stays_one_shell_command():
+    from common.runner import engine
+    cmd = [".venv/bin/mpiexec", "-n", "4", ".venv/bin/python", "-m", "mpi4py"] + ["lessons/x.py"] * 12
+    text = engine.shown(cmd)
+    assert max(map(len, text.splitlines())) <= 100 and text.count("\n") >= 1
+    assert text.replace(" \\\n   ", "") == "$ " + " ".join(cmd)  # the shell reads it back as one line
+    assert engine.shown(["a", "b"]) == "$ a b"

@@ -32,7 +32,7 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
             return launch.command(launched[0], np, args)
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     elif echo:
-        print("$ " + " ".join(cmd), flush=True)
+        print(shown(cmd), flush=True)
     if echo and np > launch.usable_cores():
         print(f"note: {np} ranks share {launch.usable_cores()} usable cores, so timings will be "
               "distorted (results are still checked)", flush=True)
@@ -61,10 +61,21 @@ def keep_results(path, lesson, np, api, device, results, checks, verdict, why):
         raise UsageError(f"--json {path}: could not write it: {exc.strerror}") from None
 
 
+def shown(cmd, width=100):
+    """The command as a shell line to copy, continued with a backslash where it passes `width`."""
+    lines, line = [], "$"
+    for word in cmd:
+        if len(line) + 1 + len(word) > width - 2 and line.strip() not in ("$", ""):
+            lines.append(line + " \\")
+            line = "   "
+        line += " " + word
+    return "\n".join(lines + [line])
+
+
 def lesson_help(lesson, script=None):
     """The lesson's own --help, once (one rank), with no verdict: the exit status of the lesson."""
     cmd = launch.command(script or lesson.path, 1, ["--help"])
-    print("$ " + " ".join(cmd), flush=True)
+    print(shown(cmd), flush=True)
     return launch.run(cmd, 60).rc
 
 
