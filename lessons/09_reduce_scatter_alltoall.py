@@ -229,7 +229,7 @@ def show_exchange(ctx, a2a, itemsize):
 
 
 # ---------------------------------------------------------------- section 3: all-reduce from its halves
-def halves_make_whole(ctx, args, be, lib, library, pick):
+def halves_make_whole(ctx, args, be, library, pick):
     """reduce-scatter + all-gather vs all-reduce: the same sum, the same bytes as lesson 05's ring,
     and the time of the library's two halves against its whole."""
     n, rank, five = ctx.world_size, ctx.rank, bootstrap.lesson_module("05")
@@ -262,7 +262,7 @@ def halves_make_whole(ctx, args, be, lib, library, pick):
             "ring_total": ctx.comm.allreduce(sent["ring 05"]), **{f"{k}_us": v * 1e6 for k, v in secs.items()}}
 
 
-def show_whole(ctx, whole, itemsize, library):
+def show_whole(ctx, whole, itemsize):
     every = ctx.comm.gather(whole, root=0)
     if ctx.rank:
         return
@@ -274,8 +274,8 @@ def show_whole(ctx, whole, itemsize, library):
                          round(w["hand_rs_ag_us"], 1), sum(m["wrong"] for m in every)],
                         ["lesson 05's ring", per_rank([m["ring_bytes"] for m in every]), w["ring_total"],
                          round(w["hand_ring_us"], 1), "-"],
-                        [f"library RS + AG", "-", "-", round(w["lib_rs_ag_us"], 1), "-"],
-                        [f"library all-reduce", "-", "-", round(w["lib_allreduce_us"], 1), "-"]],
+                        ["library RS + AG", "-", "-", round(w["lib_rs_ag_us"], 1), "-"],
+                        ["library all-reduce", "-", "-", round(w["lib_allreduce_us"], 1), "-"]],
                        align=[0, 0, 1, 1, 1]))
     print(f"all ranks: 2(N-1) x {size} B = {2 * (n - 1) * size} B, both ways: the ring is the two halves")
     if n > 1 and w["lib_allreduce_us"] > 0:
@@ -283,7 +283,7 @@ def show_whole(ctx, whole, itemsize, library):
         verdict = ("about the same: the whole costs what its halves do" if 0.8 <= ratio <= 1.25
                    else "the one call beats its halves called apart" if ratio > 1.25
                    else "the halves beat the one call")
-        print(f"library RS + AG: {ratio:.2f}x its all-reduce's time here: {verdict}", flush=True)
+        print(f"library: RS + AG = {ratio:.2f}x all-reduce's time, {verdict}", flush=True)
 
 
 # ---------------------------------------------------------------- section 4: the race
@@ -482,8 +482,8 @@ def main():
     values, summary = {"halves": runs, "a2a": a2a}, {}
     if raced:
         report.section(ctx, "3. all-reduce = reduce-scatter + all-gather")
-        whole = halves_make_whole(ctx, args, be, lib, library, pick)
-        show_whole(ctx, whole, itemsize, library)
+        whole = halves_make_whole(ctx, args, be, library, pick)
+        show_whole(ctx, whole, itemsize)
         report.section(ctx, "4. the race: by hand vs the library, equal blocks")
         rows = race(ctx, args, p2p.backend(ctx), library, pick, sweep)
         show_race(ctx, rows, pick, library)
