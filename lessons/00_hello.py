@@ -90,8 +90,9 @@ def main():
         print(textwrap.fill(f"device: {ctx.why}", 100, subsequent_indent="  "), flush=True)
     world = None if ctx.api == "torch" else (ctx.nccl if ctx.device == "gpu" else ctx.comm)
     my_id = rank_in(ctx, world)  # the id the chosen API gives me, not MPI's (unless MPI is the API)
-    report.say(ctx, f"id {my_id}  host {ctx.host}  local_rank {ctx.local_rank} of {ctx.local_size}  "
-                    f"device {ctx.device}  transport {ctx.transport}  pid {os.getpid()}")
+    # what differs per process, then what ranks may share (say prints a line alike on all ranks once)
+    report.say(ctx, f"id {my_id}  local_rank {ctx.local_rank} of {ctx.local_size}  pid {os.getpid()}\n"
+                    f"host {ctx.host}  device {ctx.device}  transport {ctx.transport}")
     ids = ctx.comm.allgather(my_id)
     distinct = len({i for i in ids if 0 <= i < n})
     if ctx.rank == 0:

@@ -37,6 +37,7 @@ COUNT = 10          # items in the broadcast and the uneven scatter (10 over 4 r
 CHUNK = 4           # items per rank in the equal scatter
 BIG = 1 << 22       # float32 items in the broadcast-then-slice vs scatter comparison (16.8 MB)
 REPS = 5            # timed repetitions of each; the median is reported
+SHOWN = 10          # a list of up to this many items prints whole; a longer one is shortened
 TAG = 1000          # root r's broadcast data is TAG*r + 0, 1, 2 ...: the values name their sender
 
 
@@ -301,14 +302,14 @@ def main():
     broadcast(ctx, buf_a, root)
     broadcast(ctx, buf_b, root2)
     got_a, got_b = buffers.to_host(buf_a), buffers.to_host(buf_b)
-    report.say(ctx, f"buffer a = {got_a[:4]}...   buffer b = {got_b[:4]}...")
+    report.say(ctx, f"buffer a = {report.brief(got_a, SHOWN)}\nbuffer b = {report.brief(got_b, SHOWN)}")
     want_a = TAG * root + np.arange(count)
     want_b = TAG * root2 + np.arange(count)
     assert np.array_equal(got_a, want_a) and np.array_equal(got_b, want_b), "a broadcast went wrong"
 
     c = args.chunk
     report.section(ctx, f"2. scatter from rank {root}: {c} items each, then {count} unevenly "
-                   f"({shard_sizes(count, n)[0]}), gather them back")
+                   f"({report.brief(shard_sizes(count, n)[0], SHOWN)}), gather them back")
     full = np.arange(n * c, dtype=np.float64) if rank == root else None
     piece = buffers.empty(ctx, c, np.float64)
     scatter_equal(ctx, buffers.on_device(ctx, full) if rank == root else None, piece, root)
@@ -319,7 +320,8 @@ def main():
     back = gather_uneven(ctx, upiece, count, np.float64, root)
     upiece = buffers.to_host(upiece)
     lo, hi = chunk_bounds(count, n)[rank]
-    report.say(ctx, f"equal piece {piece}   uneven piece {upiece} (items {lo}..{hi - 1})")
+    report.say(ctx, f"equal piece {report.brief(piece, SHOWN)}   "
+                    f"uneven piece {report.brief(upiece, SHOWN)} (items {lo}..{hi - 1})")
     assert np.array_equal(piece, np.arange(rank * c, (rank + 1) * c)), "equal scatter: wrong piece"
     assert np.array_equal(upiece, np.arange(lo, hi)), (
         f"uneven scatter: wrong piece: rank {rank} got {upiece.size} items {upiece[:3]}..., want items "
@@ -327,7 +329,7 @@ def main():
         "where the one before ended")
     gathered = buffers.to_host(back) if rank == root else np.zeros(0)
     if rank == root:
-        report_line = f"gathered back on rank {root}: {gathered}"
+        report_line = f"gathered back on rank {root}: {report.brief(gathered, SHOWN)}"
         assert np.array_equal(gathered, np.arange(count)), "gather did not invert the scatter"
     else:
         report_line = "sent my piece to the root, hold nothing gathered"

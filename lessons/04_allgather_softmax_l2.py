@@ -44,6 +44,7 @@ SCALE = 1000.0      # logits are uniform in [-scale, 0.99*scale]; the one at voc
 MAX_NORM = 1.0      # gradient clipping threshold, as in clip_grad_norm_(params, max_norm)
 MAGNITUDES = (1e-30, 1e-22, 1.0, 1e30)  # gradient sizes: squares round to 0, subnormal, normal, inf
 SEED = 4            # every rank draws the same full logit vector, then keeps its shard
+SHOWN = 12          # a list of up to this many items prints whole; a longer one is shortened
 HANDED = [0]        # bytes this rank has handed to collectives so far (what it asked them to move)
 
 
@@ -148,12 +149,6 @@ def allgather_uneven(ctx, piece):
     return np.concatenate([p[:s] for p, s in zip(parts, sizes)])
 
 
-def items(a, shown=12):
-    """A short text for an array of whole numbers: all of them, or the first few and a count."""
-    v = [int(x) for x in a]
-    return str(v) if len(v) <= shown else f"[{', '.join(map(str, v[:shown // 2]))}, ... ({len(v)} items)]"
-
-
 def distributed_softmax(ctx, x):
     """Softmax of the whole sharded vector; `x` is my shard, the result my shard of it."""
     # >>> exercise: softmax
@@ -231,11 +226,14 @@ def main():
     everyone = allgather(ctx, piece)
     from_root = broadcast(ctx, piece)  # only rank 0's piece travels
     on_root = gather(ctx, piece)       # every piece, but only rank 0 holds them
-    report.say(ctx, f"mine {items(piece)}  all-gather {items(everyone)}\n  broadcast {items(from_root)}  "
-                    f"gather {items(on_root) if rank == 0 else '(nothing: not the root)'}")
+    gathered = report.brief(on_root, SHOWN) if rank == 0 else "(nothing: not the root)"
+    # one line per result: say prints a line every rank holds alike once, as [all ranks]
+    report.say(ctx, f"mine {report.brief(piece, SHOWN)}\nall-gather {report.brief(everyone, SHOWN)}\n"
+                    f"broadcast {report.brief(from_root, SHOWN)}\ngather {gathered}")
     lo, hi = chunk_bounds(COUNT, n)[rank]
     uneven = allgather_uneven(ctx, np.arange(lo, hi, dtype=np.float64))
-    report.say(ctx, f"uneven: my {hi - lo} items {lo}..{hi - 1}, all-gathered {items(uneven)}")
+    report.say(ctx, f"uneven: my {hi - lo} items {lo}..{hi - 1}\n"
+                    f"uneven, all-gathered {report.brief(uneven, SHOWN)}")
     assert np.array_equal(everyone, np.arange(n * PIECE)), "all-gather: wrong pieces or order"
     assert np.array_equal(uneven, np.arange(COUNT)), "uneven all-gather: wrong pieces or order"
 

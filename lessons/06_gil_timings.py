@@ -504,7 +504,7 @@ def main():
         (lo, hi), whole = sum_over_ranks(ctx, args.loop)
         best = min(best, timing.now(sync) - t0)
         looped = LOOPED[0]
-    report.say(ctx, f"pid {os.getpid()}  my part [{lo}, {hi})  looped over {looped}  all parts' sum {whole}")
+    report.say(ctx, f"pid {os.getpid()}  my part [{lo}, {hi})  looped over {looped}\nall parts' sum {whole}")
     if ctx.rank == 0:
         speed["cpu_ranks"] = ratio(serial, best)
         summary["cpu_time_ranks"] = round(best, 4)
