@@ -447,7 +447,8 @@ def main():
     if ctx.rank == 0:
         if hasattr(os, "getloadavg") and os.getloadavg()[0] > cores:  # more runnable work than cores
             print(wrapped(f"the machine is busy (load average {os.getloadavg()[0]:.1f} on {cores} cores): "
-                          "other work competes for the cores, so the speedups will be lower and noisier"))
+                          "other work competes for the cores, so the speedups will be lower and noisier; "
+                          "run it again on an idle machine for cleaner ones"))
         if gil_on:
             print(wrapped("with the GIL on, only one thread runs Python bytecode at a time: expect the "
                           "pure-Python thread column near 1x"))
