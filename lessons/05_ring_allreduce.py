@@ -68,10 +68,28 @@ def ring_schedule(rank, n):
     return steps
 
 
-def ring_allreduce(buf, scratch, bounds, rank, n, exchange, add, after_step=None):
-    """In place: buf becomes the sum over ranks. Works on NumPy, CuPy, torch (and the whiteboard)."""
+def chunk_sizes(sizes, width=24):
+    """`1 1 0 0`, or runs with a count where that is too wide: `200001x3 200000x2`."""
+    plain = " ".join(map(str, sizes))
+    if len(plain) <= width:
+        return plain
+    runs = []
+    for s in sizes:
+        if runs and runs[-1][0] == s:
+            runs[-1][1] += 1
+        else:
+            runs.append([s, 1])
+    return " ".join(f"{s}x{k}" if k > 1 else str(s) for s, k in runs)
+
+
+def ring_allreduce(buf, scratch, bounds, rank, n, exchange, add, after_step=None,
+                   phases=("reduce-scatter", "all-gather")):
+    """In place: buf becomes the sum over ranks. Works on NumPy, CuPy, torch (and the whiteboard).
+    phases: run only these halves (lesson 09's reduce-scatter and all-gather are the ring's halves)."""
     right, left = (rank + 1) % n, (rank - 1) % n
     for phase, step, send, recv in ring_schedule(rank, n):
+        if phase not in phases:
+            continue
         (a, b), (c, d) = bounds[send], bounds[recv]
         # >>> exercise: step
         if phase == "reduce-scatter":
@@ -131,7 +149,7 @@ def check_counts(ctx, args, be, drawn=None):
                      "total_sent": ctx.comm.allreduce(seen["bytes"]),  # every rank's, added
                      "dest_lo": min(seen["peers"], default=-1), "dest_hi": max(seen["peers"], default=-1),
                      "mismatches": int((diff > 0).sum()), "max_rel_err": rel})
-        sizes = " ".join(str(b - a) for a, b in bounds) if n <= 8 else f"{bounds[0][1] - bounds[0][0]} ..."
+        sizes = chunk_sizes([b - a for a, b in bounds])
         share = round(seen["bytes"] / x.nbytes, 3) if count else "-"
         rows.append([count, sizes, rank, seen["calls"], seen["bytes"], share,
                      ",".join(map(str, seen["peers"])) or "-", int((diff > 0).sum()), rel])
@@ -283,6 +301,7 @@ def main():
     n = ctx.world_size
     if args.counts is None:
         args.counts = [0, 1, n - 1, 7, 1000003]
+    args.counts = list(dict.fromkeys(args.counts))  # each count once (at NP 2, N-1 is 1)
     if args.trace and n > TRACE_MAX_NP:
         ctx.fail(f"--trace draws at most {TRACE_MAX_NP} ranks (letters A..H), got {n}")
     try:

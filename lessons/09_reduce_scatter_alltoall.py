@@ -70,25 +70,15 @@ def _copy(buf):
     return buf.clone() if hasattr(buf, "clone") else buf.copy()  # torch | numpy, cupy
 
 
-class _Halfway(Exception):
-    """Stops lesson 05's ring after its reduce-scatter phase (its ring_allreduce runs both)."""
-
-
 def reduce_scatter(be, send, recv, counts, rank, n):
     """recv (counts[rank] items) = the sum over ranks of block `rank` of send (sum(counts) items, left
-    unchanged). Lesson 05's ring, its first N-1 steps. be: a common/p2p backend (or one Counted)."""
+    unchanged). Lesson 05's ring, its reduce-scatter half. be: a common/p2p backend (or one Counted)."""
     five = bootstrap.lesson_module("05")
     chunks = ring_chunks(counts, n)
     work, scratch = _copy(send), _copy(send[:max(counts, default=0)])  # the ring adds in place
-
-    def stop(phase, step, sent, got):
-        if step == n - 2:  # the last reduce-scatter step: chunk rank+1 is finished here
-            raise _Halfway
-    try:
-        five.ring_allreduce(work, scratch, chunks, rank, n, be.exchange, five.inplace_add, stop)
-    except _Halfway:
-        pass
-    a, b = chunks[(rank + 1) % n]  # = block `rank`
+    five.ring_allreduce(work, scratch, chunks, rank, n, be.exchange, five.inplace_add,
+                        phases=("reduce-scatter",))
+    a, b = chunks[(rank + 1) % n]  # = block `rank`, the chunk lesson 05's ring finishes on this rank
     assert b - a == counts[rank], (f"rank {rank}: the ring's chunk for block {rank} holds {b - a} items, "
                                    f"the block {counts[rank]}: chunk bounds must come from the counts")
     recv[:] = work[a:b]
@@ -96,16 +86,12 @@ def reduce_scatter(be, send, recv, counts, rank, n):
 
 def all_gather(be, send, recv, counts, rank, n):
     """recv (sum(counts) items) = every rank's send (counts[r] items from rank r), in rank order: lesson
-    05's all-gather steps on the same chunk labels."""
+    05's ring, its all-gather half, on the same chunk labels."""
     five = bootstrap.lesson_module("05")
     chunks = ring_chunks(counts, n)
     a, b = chunks[(rank + 1) % n]
-    recv[a:b] = send  # my block, where the ring's all-gather expects the chunk I finished
-    right, left = (rank + 1) % n, (rank - 1) % n
-    for phase, step, out, into in five.ring_schedule(rank, n):
-        if phase == "all-gather":
-            (a, b), (c, d) = chunks[out], chunks[into]
-            be.exchange(recv[a:b], recv[c:d], right, left)  # a finished block: passed on, no adding
+    recv[a:b] = send  # my block, where the ring's all-gather expects the chunk it finished here
+    five.ring_allreduce(recv, None, chunks, rank, n, be.exchange, five.inplace_add, phases=("all-gather",))
 
 
 def all_to_all(be, send, send_counts, recv, recv_counts, rank, n):
@@ -326,18 +312,17 @@ def race(ctx, args, be, library, pick, sweep):
 def show_race(ctx, rows, pick, library):
     if ctx.rank:
         return
+    ops = ("reduce_scatter", "all_gather", "all_to_all")
     print(f"time: the slowest rank's mean of {pick['iters']} after {pick['warmup']} warm-up; size: the whole "
-          f"buffer\nbusbw = algbw x (N-1)/N for all three; hand/lib = hand busbw / library busbw")
-    for op in ("reduce_scatter", "all_gather", "all_to_all"):
-        mine = [r for r in rows if r["op"] == op]
-        print(f"\n{op.replace('_', '-')}: by hand vs {library.names[op]}")
-        print(report.table(["size B", "count", "type", "redop", "hand us", "algbw", "busbw", "lib us", "algbw",
-                            "busbw", "#wrong", "hand/lib"],
-                           [(r["size"], r["count"], r["type"], r["redop"], round(r["hand_us"], 1),
-                             round(r["hand_algbw"], 3), round(r["hand_busbw"], 3), round(r["lib_us"], 1),
-                             round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
-                            for r in mine]))
-    print(end="", flush=True)
+          f"buffer of {rows[0]['type'] if rows else ''}\nbusbw = algbw x (N-1)/N for all three; "
+          "hand/lib = hand busbw / library busbw\nthe library: "
+          + ", ".join(library.names[op] for op in ops))
+    print(report.table(["op", "size B", "count", "hand us", "algbw", "busbw", "lib us", "algbw", "busbw",
+                        "#wrong", "hand/lib"],
+                       [(r["op"].replace("_", "-"), r["size"], r["count"], round(r["hand_us"], 1),
+                         round(r["hand_algbw"], 3), round(r["hand_busbw"], 3), round(r["lib_us"], 1),
+                         round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
+                        for op in ops for r in rows if r["op"] == op]), flush=True)
 
 
 # ---------------------------------------------------------------- section 5: mixture of experts
