@@ -31,6 +31,7 @@ import os
 import statistics
 import sys
 import time
+from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
@@ -183,6 +184,14 @@ def mpi_library():
 
 
 # ---------------------------------------------------------------- 4. three fixes
+def deadlock(rank, call, seconds):
+    """The error a blocking call that waited `seconds` for its partner stops the run with."""
+    return RuntimeError(
+        f"deadlock: rank {rank}'s {call} waited {seconds:g} s for a matching call that never came. "
+        "A send may wait for its receive (MPI may, gloo does): did every rank send first (or receive "
+        "first), or do the partners not match?")
+
+
 class Unbuffered:
     """A communicator that buffers nothing, as the MPI standard allows: Send behaves as Ssend (it
     returns once its receive has started), whatever the size. Each blocking call waits with a
@@ -197,10 +206,7 @@ class Unbuffered:
 
     def _wait(self, req, call):
         if not wait_until(req.Test, self.seconds):
-            raise RuntimeError(
-                f"deadlock: rank {self.rank}'s {call} waited {self.seconds:g} s for a matching call that "
-                "never came. An MPI may make any Send wait for its receive: did every rank send first "
-                "(or receive first), or do the partners not match?")
+            raise deadlock(self.rank, call, self.seconds)
 
     def Send(self, buf, dest, tag=0):
         self._wait(self.comm.Issend(buf, dest=dest, tag=tag), f"Send(dest={dest})")
@@ -209,6 +215,22 @@ class Unbuffered:
 
     def Recv(self, buf, source, tag=0, status=None):
         self._wait(self.comm.Irecv(buf, source=source, tag=tag), f"Recv(source={source})")
+
+
+class InMpiWords:
+    """Another library's blocking send and receive under MPI's names, so the NCCL and torch paths
+    run the exercise's own parity_mpi: the parity logic is written once, in the exercise."""
+
+    def __init__(self, rank, size, send, recv):
+        self.rank, self.size, self._send, self._recv = rank, size, send, recv
+
+    def Ssend(self, buf, dest, tag=0):
+        self._send(buf, dest)
+
+    Send = Ssend
+
+    def Recv(self, buf, source, tag=0, status=None):
+        self._recv(buf, source)
 
 
 def parity_mpi(comm, buf, got, left, right):
@@ -253,14 +275,12 @@ def fixes_nccl(ctx):
     comm, stream = ctx.nccl, cupy.cuda.get_current_stream()
     f64 = nccl.NCCL_FLOAT64
 
+    in_mpi_words = InMpiWords(ctx.rank, ctx.world_size,
+                              lambda buf, dest: comm.send(buf.data.ptr, buf.size, f64, dest, stream.ptr),
+                              lambda got, src: comm.recv(got.data.ptr, got.size, f64, src, stream.ptr))
+
     def parity(buf, got, left, right):
-        n = buf.size
-        if ctx.rank % 2 == 0:
-            comm.send(buf.data.ptr, n, f64, right, stream.ptr)
-            comm.recv(got.data.ptr, n, f64, left, stream.ptr)
-        else:
-            comm.recv(got.data.ptr, n, f64, left, stream.ptr)
-            comm.send(buf.data.ptr, n, f64, right, stream.ptr)
+        parity_mpi(in_mpi_words, buf, got, left, right)  # the exercise, on nccl's send and recv
         stream.synchronize()
 
     def grouped(buf, got, left, right):
@@ -273,16 +293,28 @@ def fixes_nccl(ctx):
     return {"parity send/recv": parity, "groupStart/send/recv/groupEnd": grouped}
 
 
-def fixes_torch(ctx):
+def fixes_torch(ctx, seconds):
     torch, dist, _ = torch_mods(ctx)
 
+    def waited(work, call):
+        """dist.send / dist.recv are isend / irecv and a wait: on gloo, wait with a deadline, so a
+        wrong order stops with the deadlock named instead of hanging until the runner's timeout."""
+        try:
+            work.wait(timeout=timedelta(seconds=seconds))
+        except RuntimeError as exc:
+            raise deadlock(ctx.rank, call, seconds) from exc
+
+    if ctx.device == "gpu":  # nccl: the plain calls (a timed-out nccl wait leaves its stream behind)
+        in_mpi_words = InMpiWords(ctx.rank, ctx.world_size, lambda buf, dest: dist.send(buf, dst=dest),
+                                  lambda got, src: dist.recv(got, src=src))
+    else:
+        in_mpi_words = InMpiWords(
+            ctx.rank, ctx.world_size,
+            lambda buf, dest: waited(dist.isend(buf, dst=dest), f"dist.send(dst={dest})"),
+            lambda got, src: waited(dist.irecv(got, src=src), f"dist.recv(src={src})"))
+
     def parity(buf, got, left, right):
-        if ctx.rank % 2 == 0:
-            dist.send(buf, dst=right)
-            dist.recv(got, src=left)
-        else:
-            dist.recv(got, src=left)
-            dist.send(buf, dst=right)
+        parity_mpi(in_mpi_words, buf, got, left, right)  # the exercise, on dist.send and dist.recv
 
     def batched(buf, got, left, right):
         ops = [dist.P2POp(dist.isend, buf, right), dist.P2POp(dist.irecv, got, left)]
@@ -403,7 +435,7 @@ def main():
                   "receive):\ncompleted, the left's data intact on every rank: "
                   + ("yes" if everyone else "NO"),
                   flush=True)
-    fixes = (fixes_torch(ctx) if ctx.api == "torch" else
+    fixes = (fixes_torch(ctx, max(2.0, 10 * args.deadline)) if ctx.api == "torch" else
              fixes_nccl(ctx) if ctx.device == "gpu" else fixes_mpi(ctx))
     rows, ok_all, results = [], True, {}
     for name, fix in fixes.items():
