@@ -321,10 +321,12 @@ def main():
     if ctx.rank == 0:
         def tally(i):
             return ", ".join(f"{what} on {k}" for what, k in sorted(Counter(f[i] for f in found).items()))
-        print(f"a posted receive buffer, read right after posting: {tally(0)}\n"
-              f"  read again after a barrier, the send posted, still before the wait: {tally(1)}\n"
+        # up to three outcomes per line: labels kept short so a line fits 100 columns at any NP < 1000
+        print(f"what each rank's buffer held, ranks counted ({n} in all):\n"
+              f"a posted receive buffer, read right after posting: {tally(0)}\n"
+              f"  read after a barrier (the send posted), before the wait: {tally(1)}\n"
               f"  read after the wait: {tally(2)}\n"
-              f"a send buffer overwritten before its wait arrived as: {tally(3)}  (of {n} ranks)")
+              f"a send buffer overwritten before its wait arrived as: {tally(3)}")
         filled = any(f[1] != "old" for f in found)
         if ctx.api == "torch":
             print("gloo's threads write a posted receive buffer whenever the data arrives"
@@ -356,7 +358,7 @@ def main():
     rows = [[m, round(t * 1e6, 1), f"{t / t_a:.2f}" if m.startswith("(") else "",
              f"{overlap[m[:3]]:+.2f}" if m.startswith("(") else ""] for m, t in times.items()]
     if ctx.rank == 0:
-        print(f"compute = {slices} slice(s), calibrated to last about as long as the exchange; "
+        print(f"compute = {slices} slice(s), calibrated to last about as long as the exchange;\n"
               "rounds interleave the modes")
         print(report.table(["mode", "time us", "x (a)", "overlap"], rows, align=[False, True, True, True]))
         print("overlap = (comm + compute - time) / min(comm, compute): 0 none, 1 all hidden. (a) cannot\n"
