@@ -293,7 +293,7 @@ def main():
                   "reps": args.reps}
 
     report.section(ctx, f"1. broadcast from rank {root}, then from rank {root2} into a second buffer"
-                   + ("  (1 rank: both roots are rank 0, a broadcast is a no-op)" if n == 1 else ""))
+                   + ("\n   (1 rank: both roots are rank 0, a broadcast is a no-op)" if n == 1 else ""))
     # every non-root starts with -1s, so a broadcast that never arrived shows up as -1
     a_host = TAG * root + np.arange(count, dtype=np.float64) if rank == root else np.full(count, -1.0)
     b_host = TAG * root2 + np.arange(count, dtype=np.float64) if rank == root2 else np.full(count, -1.0)

@@ -220,7 +220,7 @@ def main():
                   "count": COUNT}
 
     report.section(ctx, f"1. all-gather vs broadcast vs gather, on the same {PIECE}-item pieces"
-                   + ("  (1 rank: each returns my own data)" if n == 1 else ""))
+                   + ("\n   (1 rank: each returns my own data)" if n == 1 else ""))
     piece = rank * PIECE + np.arange(PIECE, dtype=np.float64)  # pieces in rank order make 0, 1, 2 ...
     # the call, per API: comm.Allgather(piece, out) | dist.all_gather(parts, t) | nccl allGather(...)
     everyone = allgather(ctx, piece)
@@ -311,7 +311,7 @@ def main():
                     f"= {clip:.9g}")
 
     report.section(ctx, "4. not the same thing: softmax ACROSS ranks at each position"
-                   + ("  (1 rank: every p is 1)" if n == 1 else ""))
+                   + ("\n   (1 rank: every p is 1)" if n == 1 else ""))
     k = 4
     xr = rank * np.arange(k, dtype=np.float32)  # rank r holds x_r[i] = r*i at positions 0..3
     m = allreduce(ctx, xr, "max")               # element-wise: k values travel, not 1
