@@ -7,7 +7,8 @@ tests/wrong_answers/NN_topic.yaml holds a list of mistakes for lesson NN, each o
       code: |
         scale = float(np.max(np.abs(g)))
         ...
-      fails: the distributed L2 norm equals one process's   # a check name from the lesson's YAML, or
+      fails: the distributed L2 norm equals one process's   # a check name from the lesson's YAML, or a
+                                                            # list of them: the run must fail every one
       crashes: wrong sum           # text of the error a rank's own self-check (an assert) stops with
       says: the distributed L2 norm                          # optional: text the learner is shown
       np: 3                        # optional: default the largest NP of the YAML's check list
@@ -15,14 +16,25 @@ tests/wrong_answers/NN_topic.yaml holds a list of mistakes for lesson NN, each o
     - mistake: ...
       replace: [["old text, found exactly once", "new text"], ...]     # instead of region + code
       passes: another valid convention     # instead of fails: a correct variant that must pass
+    - mistake: ...
+      file: lessons/zoo_schedules.py       # optional: the edit is made in this helper module of the lesson
+      replace: [[...]]                     # (imported as lessons.zoo_x), not in the lesson itself
+
+The run imports the edited copy: the lesson and the edited file are copied to tmp_path/lessons/, and
+tmp_path comes first on sys.path (the lesson puts its parent folder there, and PYTHONPATH starts with
+it), so the namespace package `lessons` (no __init__.py) finds tmp_path/lessons/zoo_x.py before ROOT's.
 
 tests/wrong_answers/gpu_double.yaml holds bugs planted in the lessons' CuPy + NCCL path, run under the GPU
 double (tests/gpu_double): each case names its `lesson: "NN"` and may say `hangs: why` (the run must hit
 its `timeout:`, as a real NCCL deadlock would) instead of fails / crashes.
 
 A check no wrong answer can fail is not a check; a correct variant that fails is a check too strict.
+test_every_check_can_fail holds each lesson to that: each check of its YAML is named by some case's
+`fails:`, or listed in CANNOT_FAIL with the reason no learner mistake can fail it.
 """
 import os
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -32,7 +44,7 @@ from conftest import ROOT
 
 FOLDER = os.path.join(ROOT, "tests", "wrong_answers")
 KEYS = {"mistake", "region", "code", "replace", "fails", "crashes", "hangs", "passes", "says", "np", "api",
-        "args", "lesson", "device", "timeout"}
+        "args", "lesson", "device", "timeout", "file"}
 VERDICTS = ("fails", "crashes", "hangs", "passes")
 GPU_FILE = "gpu_double.yaml"
 
@@ -64,10 +76,53 @@ def _cases():
             for i, case in enumerate(yaml.safe_load(f) or []):
                 lid = str(case["lesson"]) if name == GPU_FILE else name.split("_")[0]
                 lesson = catalog.resolve(lid, os.path.join(ROOT, "lessons"))
-                verdict = case.get("fails") or case.get("crashes") or case.get("hangs") and "hangs" or "passes"
+                fails = failed_names(case)
+                verdict = (fails and fails[0] + (f" +{len(fails) - 1}" if len(fails) > 1 else "")
+                           or case.get("crashes") or case.get("hangs") and "hangs" or "passes")
                 tag = f"{'gpu-' if name == GPU_FILE else ''}{lesson.id}-{i}-{verdict}"
                 cases.append(pytest.param(lesson, case, id=tag[:90]))
     return cases
+
+
+def failed_names(case):
+    """The check names a case's `fails:` gives (one name or a list), [] when it has none."""
+    fails = case.get("fails") or []
+    return [fails] if isinstance(fails, str) else list(fails)
+
+
+def stage(lesson, case, folder):
+    """Write the lesson, and the helper module a `file:` case edits, to folder/lessons/ with the case's
+    edit made; return (the script to run, the PYTHONPATH head that makes the copies win)."""
+    target = os.path.join(ROOT, case["file"]) if "file" in case else lesson.path
+    if "file" in case and os.path.dirname(os.path.abspath(target)) != os.path.dirname(lesson.path):
+        raise ValueError(f"file: {case['file']} is not a module beside {lesson.name}")
+    os.makedirs(os.path.join(folder, "lessons"), exist_ok=True)
+    for path in {lesson.path, target}:
+        with open(path) as f:
+            source = f.read()
+        with open(os.path.join(folder, "lessons", os.path.basename(path)), "w") as f:
+            f.write(edit(source, case, path) if path == target else source)
+    return os.path.join(folder, "lessons", os.path.basename(lesson.path)), str(folder)
+
+
+def judge(case, outcome, checks, said):
+    """AssertionError unless the run went as the case says (fails / crashes / hangs / passes, says)."""
+    if "passes" in case:
+        assert engine.ok(outcome, checks), f"a correct variant ({case['mistake']}) fails:\n{said}"
+        return
+    if "hangs" in case:
+        assert outcome.timed_out, f"the bug '{case['mistake']}' did not hang (exit {outcome.rc}):\n{said}"
+    elif "crashes" in case:
+        errors = "\n".join(outcome.errors.values())
+        assert outcome.rc != 0 and case["crashes"] in errors, (
+            f"the mistake '{case['mistake']}' did not stop a rank with {case['crashes']!r}:\n{said}")
+    else:
+        failed = [c["name"] for c in checks or [] if not c["ok"]]
+        missed = [name for name in failed_names(case) if name not in failed]
+        assert not missed, (f"the mistake '{case['mistake']}' did not fail {missed} "
+                            f"(failed: {failed}, exit {outcome.rc}):\n{said}")
+    if "says" in case:
+        assert case["says"] in said, f"the learner is not told {case['says']!r}:\n{said}"
 
 
 CASES = _cases()
@@ -94,33 +149,79 @@ def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch, reque
     assert set(case) <= KEYS and "mistake" in case, f"unknown keys {set(case) - KEYS}"
     assert ("region" in case) != ("replace" in case) and sum(k in case for k in VERDICTS) == 1
     names = [c["name"] for c in lesson.meta["expect"]]
-    assert case.get("fails", names[0]) in names, f"{case['fails']!r} is not a check of {lesson.name}"
-    with open(lesson.path) as f:
-        source = f.read()
-    script = tmp_path / os.path.basename(lesson.path)
-    script.write_text(edit(source, case, lesson.path))
-    monkeypatch.setenv("PYTHONPATH", ROOT)  # the copy lives in tmp_path, away from common/
+    unknown = [name for name in failed_names(case) if name not in names]
+    assert "fails" not in case or (failed_names(case) and not unknown), \
+        f"{unknown or case['fails']!r}: not checks of {lesson.name}"
+    script, head = stage(lesson, case, tmp_path)
+    # the copies live in tmp_path/lessons, first on the path; common/ and the other modules from ROOT
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([head, ROOT]))
     device = case.get("device", "cpu")
     if device == "gpu":  # the double's PYTHONPATH puts its cupy first, then ROOT
         for key, value in request.getfixturevalue("double").items():
-            monkeypatch.setenv(key, value)
+            monkeypatch.setenv(key, os.pathsep.join([head, value]) if key == "PYTHONPATH" else value)
     np = case.get("np", max(lesson.meta["np"]["check"]))
     outcome, checks = engine.run_lesson(lesson, np, case.get("api", "mpi4py"), device,
                                         case.get("args", lesson.meta.get("args", [])), echo=False,
-                                        script=str(script), timeout=case.get("timeout"))
-    said = "\n".join(exercise.explain(lesson, outcome, checks, str(script), engine.explain(lesson, outcome, checks)))
-    if "passes" in case:
-        assert engine.ok(outcome, checks), f"a correct variant ({case['mistake']}) fails:\n{said}"
-        return
-    if "hangs" in case:
-        assert outcome.timed_out, f"the bug '{case['mistake']}' did not hang (exit {outcome.rc}):\n{said}"
-    elif "crashes" in case:
-        errors = "\n".join(outcome.errors.values())
-        assert outcome.rc != 0 and case["crashes"] in errors, (
-            f"the mistake '{case['mistake']}' did not stop a rank with {case['crashes']!r}:\n{said}")
-    else:
-        failed = [c["name"] for c in checks or [] if not c["ok"]]
-        assert case["fails"] in failed, (f"the mistake '{case['mistake']}' did not fail "
-                                         f"'{case['fails']}' (failed: {failed}, exit {outcome.rc}):\n{said}")
-    if "says" in case:
-        assert case["says"] in said, f"the learner is not told {case['says']!r}:\n{said}"
+                                        script=script, timeout=case.get("timeout"))
+    said = "\n".join(exercise.explain(lesson, outcome, checks, script, engine.explain(lesson, outcome, checks)))
+    judge(case, outcome, checks, said)
+
+
+# Checks no learner mistake can fail here, each with the reason; every other check of every lesson's
+# YAML must be named by some case's `fails:` (test_every_check_can_fail).
+CANNOT_FAIL = {
+}
+
+
+def covered_checks(lesson):
+    return {name for les, case in (p.values for p in CASES) if les.name == lesson.name
+            for name in failed_names(case)}
+
+
+@pytest.mark.parametrize("lesson", catalog.lessons(os.path.join(ROOT, "lessons")), ids=lambda les: les.id)
+def test_every_check_can_fail(lesson):
+    lesson = catalog.resolve(lesson.id, os.path.join(ROOT, "lessons"))
+    names = [c["name"] for c in lesson.meta["expect"]]
+    excused = CANNOT_FAIL.get(lesson.name, {})
+    stale = set(excused) - set(names)
+    assert not stale, f"CANNOT_FAIL names no check of {lesson.name}: {stale}"
+    assert not set(excused) & covered_checks(lesson), \
+        f"CANNOT_FAIL excuses checks a case fails: {set(excused) & covered_checks(lesson)}"
+    missing = [name for name in names if name not in covered_checks(lesson) and name not in excused]
+    assert not missing, (f"{len(missing)} of {len(names)} checks of {lesson.name} are failed by no wrong answer "
+                         f"(tests/wrong_answers/{lesson.name}.yaml):\n  " + "\n  ".join(missing))
+
+
+def test_a_file_case_runs_the_edited_helper(tmp_path):
+    """The staged lesson imports the edited helper from tmp_path/lessons, and the others from ROOT."""
+    lesson = catalog.resolve("07", os.path.join(ROOT, "lessons"))
+    case = {"file": "lessons/zoo_schedules.py", "replace": [["def fold(n):", "STAGED = 1\n\n\ndef fold(n):"]]}
+    script, head = stage(lesson, case, tmp_path)
+    probe = ("import importlib.util, sys\n"
+             f"spec = importlib.util.spec_from_file_location('lesson', {script!r})\n"
+             "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+             "import lessons.zoo_schedules as s, lessons.zoo_model as m\n"
+             "print(s.STAGED, s.__file__, m.__file__)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join([head, ROOT])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", str(tmp_path / "lessons" / "zoo_schedules.py"),
+                                   os.path.join(ROOT, "lessons", "zoo_model.py")]
+    assert "STAGED" not in open(os.path.join(ROOT, "lessons", "zoo_schedules.py")).read()
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        stage(lesson, {"file": "lessons/zoo_model.py", "replace": [["def fold(n):", ""]]}, tmp_path)
+
+
+class _Ran:
+    def __init__(self, rc=0, errors=None, timed_out=False):
+        self.rc, self.errors, self.timed_out = rc, errors or {}, timed_out
+
+
+def test_a_mistake_must_fail_every_check_it_names():
+    checks = [{"name": "a", "ok": False}, {"name": "b", "ok": True}]
+    judge({"mistake": "m", "fails": "a"}, _Ran(1), checks, "")
+    judge({"mistake": "m", "fails": ["a"]}, _Ran(1), checks, "")
+    with pytest.raises(AssertionError, match=r"did not fail \['b'\]"):
+        judge({"mistake": "m", "fails": ["a", "b"]}, _Ran(1), checks, "")
+    with pytest.raises(AssertionError, match=r"did not fail \['a'\]"):
+        judge({"mistake": "m", "fails": "a"}, _Ran(1), None, "")  # a crash before the results fails nothing
