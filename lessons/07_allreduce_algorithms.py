@@ -254,6 +254,7 @@ def main():
     args.algos = [a for a in ALGOS if a in args.algos]  # one order on every rank
     if args.counts is None:
         args.counts = [0, 1, n - 1, 7, 1000003]
+    args.counts = list(dict.fromkeys(args.counts))  # each count once (at NP 2, N-1 is 1)
     try:
         pick, sizes = bandwidth.sweep_plan(args, SWEEP, BENCH)  # -b/-e/-f/-n/-w given win over the plan's
     except ValueError as exc:
@@ -321,8 +322,10 @@ def main():
                                      f"all-reduce on {n} ranks, api {ctx.api} ({ctx.transport}): measured vs "
                                      "alpha-beta model"))
         else:
-            report.section(ctx, "2. one rank: no ping-pong partner, so no alpha or beta; the model has nothing "
-                                "to predict (the algorithms below only walk their empty schedules)")
+            report.section(ctx, "2. one rank: no ping-pong partner, so no alpha or beta")
+            if ctx.rank == 0:
+                print("the model has nothing to predict: the algorithms below only walk their empty schedules",
+                      flush=True)
         show_race(ctx, args, table, race, walk + call)
     summary = {"round_walk_us": walk * 1e6, "round_call_us": call * 1e6, "tuned": race, "switch": switch_points(table),
                "tuned_wrong": sum(r["wrong"] for r in race)}

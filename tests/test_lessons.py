@@ -1,12 +1,13 @@
 """Tier 3: every real lesson under mpiexec with its YAML's check args, every YAML check, a timeout:
 
   * --api mpi4py on CPU at every NP in the YAML check list (NP is what the lessons' algorithms turn on);
-  * --api torch on CPU, and the mpi4py GPU path under the GPU double (tests/gpu_double: CuPy and NCCL
-    stood in over MPI), at the check NPs up to 3: a world of one or two (where a rank's left and right
-    neighbour are one rank) and 3, the first odd NP, with uneven chunks and distinct neighbours. A
-    lesson's algorithm is one code for every API (only the backend's calls differ), so torch at NP 4
-    and 5 would repeat what the mpi4py runs check there while paying torch's import on every rank.
-    `make check`, which CI runs after `make test`, still runs the full grid: every NP on every API;
+  * the mpi4py GPU path under the GPU double (tests/gpu_double: CuPy and NCCL stood in over MPI) at
+    the check NPs up to 3: a world of one or two (where a rank's left and right neighbour are one
+    rank) and 3, the first odd NP, with uneven chunks and distinct neighbours;
+  * --api torch on CPU at one NP, the largest check NP up to 3. A lesson's algorithm is one code for
+    every API (only the backend's calls differ), so torch at the other NPs would repeat what the
+    mpi4py runs check there while paying torch's import on every rank. `make check`, which CI runs
+    after `make test`, still runs the full grid: every NP on every API;
   * the real-GPU cases skip with a reason when there is no GPU.
 
 Runs go through the runner in this process (common/runner/engine.py, as `bin/tutor run` calls it), so
@@ -26,7 +27,8 @@ except ImportError:  # pragma: no cover - until tests/readable.py lands
         return []
 
 CASES, GPU_CASES, DOUBLE_CASES, BROKEN = [], [], [], []
-SMALL_NP = 3  # torch and the double run at the check NPs up to this one (the smallest, when none is)
+SMALL_NP = 3  # the double runs at the check NPs up to this one (the smallest, when none is); torch at
+# the largest of those
 # GUIDE §5: an --api mpi4py CPU run imports neither torch nor CuPy; except where torch is the subject
 TORCH_ON_MPI4PY = {"08_data_parallel": "its model is a torch model; MPI only moves the gradients"}
 
@@ -44,7 +46,7 @@ for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
     checks = meta["np"]["check"]
     for api in meta["apis"]:
         GPU_CASES.append(pytest.param(lesson, meta, api, id=f"{lesson.name}-gpu-{api}"))
-        for n in (checks if api == "mpi4py" else small(checks)):
+        for n in (checks if api == "mpi4py" else small(checks)[-1:]):
             CASES.append(pytest.param(lesson, meta, n, api, id=f"{lesson.name}-np{n}-{api}"))
     if "mpi4py" in meta["apis"] and "gpu" in meta.get("devices", ["cpu", "gpu"]):
         nps = checks[:1] if lesson.name in TORCH_ON_MPI4PY else small(checks)  # 08: a refusal, once
