@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -326,9 +327,17 @@ def test_ungrouped_head_to_head_sends_hang(tmp_path):
     proc, script = start(tmp_path, HEAD_TO_HEAD.replace("MODE", '''
 comm.send(out.data.ptr, out.size, nccl.NCCL_FLOAT64, peer, s.ptr)
 comm.recv(got.data.ptr, got.size, nccl.NCCL_FLOAT64, peer, s.ptr)'''), 2)
-    with pytest.raises(subprocess.TimeoutExpired):
-        proc.communicate(timeout=8)
+    seen, reader = [], threading.Thread(target=lambda: seen.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    end = time.monotonic() + 60
+    while not ("posted 0\n" in seen and "posted 1\n" in seen) and time.monotonic() < end:
+        time.sleep(0.05)
+    with pytest.raises(subprocess.TimeoutExpired):  # both reached the sync: it must not end from there
+        proc.wait(timeout=3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(timeout=10)
     out, err = kill(proc, script)
+    out = "".join(seen) + out
     assert "posted 0" in out and "posted 1" in out, err  # both reached the sync, then hung there
     assert "RESULT" not in out
 
