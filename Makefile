@@ -16,7 +16,7 @@ LESSON ?=
 
 RUN_FLAGS = $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-.PHONY: help setup own-python check check-mine test clean
+.PHONY: help setup own-python check check-mine test test-torch clean
 .DEFAULT_GOAL := help
 
 help:  ## list the targets
@@ -48,8 +48,11 @@ check: $(SETUP)  ## every lesson x every NP in its YAML check list x every API: 
 check-mine: $(SETUP)  ## check your practice copy: make check-mine LESSON=05 [NP=4]
 	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs)
-	$(PY) -m pytest -q
+test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs) but runs that load torch on every rank
+	$(PY) -m pytest -q -m "not torch"
+
+test-torch: $(SETUP)  ## the runs that load torch on every rank (--api torch, lesson 08): CI runs them too
+	$(PY) -m pytest -q -m torch
 
 clean:  ## remove the venv, caches and results
 	rm -rf $(VENV) .pytest_cache results .tutor

@@ -33,6 +33,16 @@ def load_tutor():
     return module
 
 
+# lessons whose every path loads torch in every rank (the model is a torch model; MPI moves its gradients)
+TORCH_LESSONS = {"08_data_parallel"}
+
+
+def torch_marks(lesson_name, api):
+    """[pytest.mark.torch] for a run that loads torch in every rank: seconds per rank on 2 cores, so
+    `make test` leaves them to `make test-torch` (CI runs both)."""
+    return [pytest.mark.torch] if api == "torch" or lesson_name in TORCH_LESSONS else []
+
+
 @pytest.fixture(scope="session")
 def app():
     return load_tutor().app

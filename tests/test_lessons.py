@@ -18,7 +18,7 @@ import pytest
 
 from common import devices
 from common.runner import catalog, engine
-from conftest import ROOT, tutor
+from conftest import ROOT, TORCH_LESSONS, torch_marks, tutor
 
 try:
     from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
@@ -30,7 +30,7 @@ CASES, GPU_CASES, DOUBLE_CASES, BROKEN = [], [], [], []
 SMALL_NP = 3  # the double runs at the check NPs up to this one (the smallest, when none is); torch at
 # the largest of those
 # GUIDE §5: an --api mpi4py CPU run imports neither torch nor CuPy; except where torch is the subject
-TORCH_ON_MPI4PY = {"08_data_parallel": "its model is a torch model; MPI only moves the gradients"}
+TORCH_ON_MPI4PY = TORCH_LESSONS
 
 
 def small(nps):
@@ -47,10 +47,12 @@ for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
     for api in meta["apis"]:
         GPU_CASES.append(pytest.param(lesson, meta, api, id=f"{lesson.name}-gpu-{api}"))
         for n in (checks if api == "mpi4py" else small(checks)[-1:]):
-            CASES.append(pytest.param(lesson, meta, n, api, id=f"{lesson.name}-np{n}-{api}"))
+            CASES.append(pytest.param(lesson, meta, n, api, id=f"{lesson.name}-np{n}-{api}",
+                                      marks=torch_marks(lesson.name, api)))
     if "mpi4py" in meta["apis"] and "gpu" in meta.get("devices", ["cpu", "gpu"]):
         nps = checks[:1] if lesson.name in TORCH_ON_MPI4PY else small(checks)  # 08: a refusal, once
-        DOUBLE_CASES += [pytest.param(lesson, meta, n, id=f"{lesson.name}-np{n}") for n in nps]
+        DOUBLE_CASES += [pytest.param(lesson, meta, n, id=f"{lesson.name}-np{n}",
+                                      marks=torch_marks(lesson.name, "mpi4py")) for n in nps]
 
 
 def run_case(lesson, meta, n, api, device, capfd):

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from common.runner import catalog, engine, exercise, grading, launch, practice
-from conftest import FIXTURES, ROOT, tutor
+from conftest import FIXTURES, ROOT, torch_marks, tutor
 
 PRACTICE_FIXTURES = os.path.join(FIXTURES, "exercise_lessons")  # .gitignore hides "practice/"
 
@@ -425,6 +425,7 @@ def _region_cases():
             cases.append(pytest.param(lesson, "", marks=pytest.mark.skip(reason=str(exc)), id=lesson.name))
             continue
         marks = [pytest.mark.skip(reason="needs a GPU")] if lesson.needs_gpu else []
+        marks += torch_marks(lesson.name, "mpi4py")
         cases += [pytest.param(lesson, r.name, marks=marks, id=f"{lesson.name}-{r.name}") for r in regions]
     return cases
 

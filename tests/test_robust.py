@@ -180,6 +180,7 @@ def test_ctrl_c_ends_every_rank_and_exits_130():
     assert not processes_running("tests/fixtures/04_hang.py")
 
 
+@pytest.mark.torch
 def test_two_torch_runs_at_the_same_moment_both_pass():
     procs = [subprocess.Popen([sys.executable, TUTOR, "run", "00", "-n", "2", "--api", "torch", "--device", "cpu"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]

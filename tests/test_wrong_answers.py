@@ -40,7 +40,7 @@ import pytest
 import yaml
 
 from common.runner import catalog, engine, exercise
-from conftest import ROOT
+from conftest import ROOT, torch_marks
 
 FOLDER = os.path.join(ROOT, "tests", "wrong_answers")
 KEYS = {"mistake", "region", "code", "replace", "fails", "crashes", "hangs", "passes", "says", "np", "api",
@@ -80,7 +80,8 @@ def _cases():
                 verdict = (fails and fails[0] + (f" +{len(fails) - 1}" if len(fails) > 1 else "")
                            or case.get("crashes") or case.get("hangs") and "hangs" or "passes")
                 tag = f"{'gpu-' if name == GPU_FILE else ''}{lesson.id}-{i}-{verdict}"
-                cases.append(pytest.param(lesson, case, id=tag[:90]))
+                cases.append(pytest.param(lesson, case, id=tag[:90],
+                                          marks=torch_marks(lesson.name, case.get("api", "mpi4py"))))
     return cases
 
 
