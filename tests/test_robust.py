@@ -167,8 +167,11 @@ def test_yaml_expression_that_is_not_arithmetic_is_refused(tmp_path):
 
 
 def test_ctrl_c_ends_every_rank_and_exits_130():
+    # as a terminal's foreground job gets it: a shell without job control starts its background jobs
+    # with SIGINT ignored, and an ignored signal stays ignored (the runner keeps nohup's choice)
     proc = subprocess.Popen([sys.executable, TUTOR, "run", "4", "--timeout", "60"], cwd=ROOT,
-                            env={**os.environ, **FIX}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env={**os.environ, **FIX}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while len(processes_running("-m mpi4py tests/fixtures/04_hang.py")) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)                                   # mpiexec and two ranks are up
