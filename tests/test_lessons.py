@@ -20,17 +20,13 @@ from common import devices
 from common.runner import catalog, engine
 from conftest import ROOT, TORCH_LESSONS, torch_marks, tutor
 
-try:
-    from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
-except ImportError:  # pragma: no cover - until tests/readable.py lands
-    def unreadable(text, nranks):
-        return []
+from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
 
 CASES, GPU_CASES, DOUBLE_CASES, BROKEN = [], [], [], []
 SMALL_NP = 3  # the double runs at the check NPs up to this one (the smallest, when none is); torch at
 # the largest of those
 # GUIDE §5: an --api mpi4py CPU run imports neither torch nor CuPy; except where torch is the subject
-TORCH_ON_MPI4PY = TORCH_LESSONS
+# (TORCH_LESSONS: the model is a torch model, MPI only moves its gradients)
 
 
 def small(nps):
@@ -50,7 +46,7 @@ for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
             CASES.append(pytest.param(lesson, meta, n, api, id=f"{lesson.name}-np{n}-{api}",
                                       marks=torch_marks(lesson.name, api)))
     if "mpi4py" in meta["apis"] and "gpu" in meta.get("devices", ["cpu", "gpu"]):
-        nps = checks[:1] if lesson.name in TORCH_ON_MPI4PY else small(checks)  # 08: a refusal, once
+        nps = checks[:1] if lesson.name in TORCH_LESSONS else small(checks)  # 08: a refusal, once
         DOUBLE_CASES += [pytest.param(lesson, meta, n, id=f"{lesson.name}-np{n}",
                                       marks=torch_marks(lesson.name, "mpi4py")) for n in nps]
 
@@ -67,7 +63,7 @@ def run_case(lesson, meta, n, api, device, capfd):
     assert (results["device"], results["transport"]) == (device, devices.TRANSPORT[(api, device)]), tail
     if api == "mpi4py" and device == "cpu":
         loaded = set(results["loaded"])
-        allowed = {"torch"} if lesson.name in TORCH_ON_MPI4PY else set()
+        allowed = {"torch"} if lesson.name in TORCH_LESSONS else set()
         assert loaded <= allowed, f"an mpi4py CPU run of {lesson.name} imported {sorted(loaded - allowed)}"
     bad = unreadable(text, n)
     assert not bad, f"{where} printed output that is hard to read:\n" + "\n".join(bad[:10])
@@ -99,7 +95,7 @@ def double(tmp_path_factory):
 def test_lesson_on_the_gpu_double(lesson, meta, n, double, monkeypatch, capfd):
     """The CuPy + NCCL path, every YAML check: it proves the calls (signatures read from the installed
     CuPy, syncs, groups, streams), not NCCL itself."""
-    if lesson.name in TORCH_ON_MPI4PY:  # its model runs on torch's CUDA, not stood in for: blocked (exit 4)
+    if lesson.name in TORCH_LESSONS:  # its model runs on torch's CUDA, not stood in for: blocked (exit 4)
         proc = tutor("run", lesson.name, "-n", str(n), "--device", "gpu", env=double, timeout=120)
         said = proc.stdout + proc.stderr
         assert proc.returncode == 4 and "BLOCKED" in said and "cannot use CUDA" in said, said
