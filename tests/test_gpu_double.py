@@ -330,7 +330,9 @@ comm.recv(got.data.ptr, got.size, nccl.NCCL_FLOAT64, peer, s.ptr)'''), 2)
     seen, reader = [], threading.Thread(target=lambda: seen.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
     end = time.monotonic() + 60
-    while not ("posted 0\n" in seen and "posted 1\n" in seen) and time.monotonic() < end:
+    # the ranks' lines reach the pipe through hydra and may interleave ("posted 0posted 1\n\n"): look
+    # in the joined text, not for whole lines
+    while not all(f"posted {r}" in "".join(seen) for r in (0, 1)) and time.monotonic() < end:
         time.sleep(0.05)
     with pytest.raises(subprocess.TimeoutExpired):  # both reached the sync: it must not end from there
         proc.wait(timeout=3)
