@@ -7,8 +7,10 @@
     # {"forward": {"group": {"calls": 1, "msgs": 1, "bytes": 4096, "recv_bytes": 4096, "peers": [1]}}}
 
 Two kinds of count, never mixed in one entry:
-  * point-to-point (exchange, group, send, recv): `bytes` is what this rank really handed to the network,
-    `msgs` the non-empty sends, `peers` every rank it sent to. Hand-made collectives are graded on these.
+  * point-to-point (exchange, group, start, send, recv): `bytes` is what this rank really handed to the
+    network, `msgs` the non-empty sends, `peers` every rank it sent to. Hand-made collectives are graded
+    on these. A non-blocking start(sends, recvs) is counted when it is started (its wait() is not a
+    call of the backend: it is the handle start returned, passed through as it is).
   * a library collective (allreduce, all_gather, ...): the library does not say what its algorithm
     sent, so `bytes` is what the bandwidth-optimal (ring) algorithm sends per rank for these buffers,
     the volume nccl-tests' busbw assumes: reduce-scatter every block of its input but its own,
@@ -46,7 +48,8 @@ def _sends_recv(buf, source):
 
 
 # point-to-point: method -> its (sends, recvs) as (buffer, peer) pairs
-P2P = {"exchange": _sends_exchange, "group": _sends_group, "send": _sends_send, "recv": _sends_recv}
+P2P = {"exchange": _sends_exchange, "group": _sends_group, "start": _sends_group, "send": _sends_send,
+       "recv": _sends_recv}
 
 def _all_to_all(rank):
     """all_to_all(out, inp, out_counts=None, inp_counts=None): inp less the block this rank keeps."""

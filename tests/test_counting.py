@@ -72,3 +72,81 @@ def test_an_uneven_all_to_all_needs_the_rank_to_know_which_block_stays():
     assert be.counts["main"]["all_to_all"]["bytes"] == 4 * (1 + 2) + 4 * 4
     with pytest.raises(ValueError, match="rank="):
         counting.Counted(backend, 3).all_to_all(np.zeros(6), np.zeros(9), [2, 2, 2], [1, 2, 6])
+
+
+def test_a_started_transfer_is_counted_when_it_starts_and_its_handle_passes_through():
+    log = []
+
+    class Handle:
+        def wait(self):
+            log.append("wait")
+    backend = types.SimpleNamespace(start=lambda sends, recvs: log.append(("start", len(sends))) or Handle())
+    be = counting.Counted(backend, 3)
+    block, into = np.zeros(6, np.float64), np.zeros(4, np.float64)
+    with be.phase("ring"):
+        handle = be.start([(block, 1)], [(into, 2)])
+    assert be.counts["ring"]["start"] == {"calls": 1, "msgs": 1, "bytes": 48, "recv_bytes": 32, "peers": [1]}
+    assert log == [("start", 1)]  # started, not waited: the bytes are counted already
+    handle.wait()
+    assert log == [("start", 1), "wait"] and be.total(names=["start"]) == 48
+
+
+def test_started_waits_once_and_keeps_its_buffers_until_then():
+    from common import p2p
+    done, buf = [], np.zeros(3)
+    handle = p2p.Started(lambda: done.append(1), ([(buf, 1)], []))
+    assert handle._buffers[0][0][0] is buf
+    handle.wait()
+    handle.wait()
+    assert done == [1] and handle._buffers is None
+
+
+def test_nccl_start_orders_the_streams_with_events_and_never_blocks_the_host(monkeypatch):
+    """The CuPy + NCCL start(), on a stand-in cupy that logs: the communication stream waits for the
+    compute stream before the grouped calls; wait() makes the compute stream wait for the group."""
+    import sys
+    from common import p2p
+    log = []
+
+    class Event:
+        def __init__(self, where):
+            self.where = where
+
+    class Stream:
+        def __init__(self, name, non_blocking=False):
+            self.name, self.ptr, self.non_blocking = name, 100 + len(name), non_blocking
+
+        def record(self, event=None):
+            log.append(("record", self.name))
+            return Event(self.name)
+
+        def wait_event(self, event):
+            log.append(("wait_event", self.name, event.where))
+
+        def synchronize(self):
+            log.append(("HOST SYNC", self.name))
+    compute = Stream("compute")
+    nccl = types.SimpleNamespace(groupStart=lambda: log.append("groupStart"),
+                                 groupEnd=lambda: log.append("groupEnd"), NCCL_FLOAT64=7, NCCL_SUM=0)
+    made = []
+    cuda = types.SimpleNamespace(get_current_stream=lambda: compute, nccl=nccl,
+                                 Stream=lambda non_blocking=False: made.append(Stream("comm", non_blocking))
+                                 or made[-1])
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", nccl)
+    monkeypatch.setattr(p2p.buffers, "nccl_dtype", lambda buf: 7)
+
+    class Buf:
+        size, data = 5, types.SimpleNamespace(ptr=4096)
+    comm = types.SimpleNamespace(send=lambda ptr, n, t, peer, s: log.append(("send", peer, s)),
+                                 recv=lambda ptr, n, t, peer, s: log.append(("recv", peer, s)))
+    be = p2p.nccl_backend(types.SimpleNamespace(nccl=comm, device="gpu", api="mpi4py"))
+    handle = be.start([(Buf(), 1)], [(Buf(), 2)])
+    side = 100 + len("comm")
+    assert log == [("record", "compute"), ("wait_event", "comm", "compute"), "groupStart",
+                   ("send", 1, side), ("recv", 2, side), "groupEnd", ("record", "comm")]
+    handle.wait()
+    assert log[-1] == ("wait_event", "compute", "comm") and not any("HOST SYNC" in e for e in log)
+    be.start([(Buf(), 1)], [])
+    assert len(made) == 1 and made[0].non_blocking  # one stream, never implicitly ordered with compute
