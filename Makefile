@@ -13,6 +13,11 @@ API    ?=
 DEVICE ?=
 ARGS   ?=
 LESSON ?=
+# pytest workers for make test / test-torch (pytest-xdist): two keep both cores of a small machine busy
+# while one run's ranks start up; more oversubscribe the cores that the timed lessons measure
+TEST_JOBS ?= 2
+# (TUTOR_PYTHON without pytest-xdist: one worker)
+XDIST  = $(if $(filter-out 0 1,$(TEST_JOBS)),$(shell $(PY) -c 'import xdist' 2>/dev/null && printf -- '-n %s --dist loadgroup' $(TEST_JOBS)))
 
 RUN_FLAGS = $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
@@ -37,7 +42,7 @@ $(STAMP): requirements.txt requirements-gpu.txt
 
 own-python:  # TUTOR_PYTHON is set: check it can run the kit, install nothing
 	@$(PY) -c "import mpi4py, numpy, typer, yaml" || { echo "setup: $(PY) lacks mpi4py, numpy, typer or \
-	pyyaml: install them there (pip install mpi4py numpy typer pyyaml pytest pytest-timeout)"; exit 2; }
+	pyyaml: install them there (pip install mpi4py numpy typer pyyaml pytest pytest-timeout pytest-xdist)"; exit 2; }
 
 lesson-%: $(SETUP)  ## run one lesson: make lesson-05 NP=4 API=torch DEVICE=cpu ARGS="--count 1000"
 	bin/tutor run $* $(RUN_FLAGS) $(if $(ARGS),-- $(ARGS))
@@ -49,10 +54,10 @@ check-mine: $(SETUP)  ## check your practice copy: make check-mine LESSON=05 [NP
 	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
 test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs) but runs that load torch on every rank
-	$(PY) -m pytest -q -m "not torch"
+	$(PY) -m pytest -q $(XDIST) -m "not torch"
 
 test-torch: $(SETUP)  ## the runs that load torch on every rank (--api torch, lesson 08): CI runs them too
-	$(PY) -m pytest -q -m torch
+	$(PY) -m pytest -q $(XDIST) -m torch
 
 clean:  ## remove the venv, caches and results
 	rm -rf $(VENV) .pytest_cache results .tutor

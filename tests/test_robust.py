@@ -14,6 +14,10 @@ from common import bootstrap
 from common.runner import catalog, engine, launch, preflight
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
+# these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
+# share one worker, so one test never sees another's run of the same fixture as its own leftover
+pytestmark = pytest.mark.xdist_group("fixture_processes")
+
 FIX = {"TUTOR_LESSONS": FIXTURES}
 
 

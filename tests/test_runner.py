@@ -10,6 +10,10 @@ from typer.testing import CliRunner
 from common.runner import catalog, engine, launch
 from conftest import FIXTURES, ROOT, processes_running
 
+# these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
+# share one worker, so one test never sees another's run of the same fixture as its own leftover
+pytestmark = pytest.mark.xdist_group("fixture_processes")
+
 runner = CliRunner()
 
 
