@@ -1,0 +1,165 @@
+"""Lesson 12's schedules in one process (no MPI): GPipe's and 1F1B's orders, placed on ticks, their
+bubble and peak memory against the closed forms, their messages, and the checks that stop a broken
+order before anything runs (lessons/pipe_schedules.py). The runs are in test_lessons.py, the wrong
+answers in tests/wrong_answers/12_pipeline_parallel.yaml."""
+import pytest
+
+from conftest import load_lesson
+from lessons import pipe_schedules as ps
+
+twelve = load_lesson("12_pipeline_parallel.py")  # importing a lesson starts no MPI
+SHAPES = [(1, 1), (1, 5), (2, 1), (2, 5), (3, 8), (4, 3), (4, 8), (5, 2), (6, 13)]
+
+
+def orders(name, p, m):
+    return [twelve.ORDERS[name](s, p, m) for s in range(p)]
+
+
+def held(order):
+    """The most micro-batches between their forward and their backward, walking one stage's order."""
+    live = peak = 0
+    for kind, _ in order:
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("p, m", SHAPES)
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_both_schedules_take_2_m_plus_p_minus_1_ticks_and_idle_the_formula(name, p, m):
+    pl = ps.plan(orders(name, p, m), m)
+    assert pl.ticks == 2 * (m + p - 1)
+    assert all(sum(op is not None for op in row) == 2 * m for row in pl.grid)
+    assert ps.bubble(pl.grid) == pytest.approx([(p - 1) / (m + p - 1)] * p, rel=1e-12)
+
+
+@pytest.mark.parametrize("p, m", SHAPES)
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_a_backward_twice_as_long_leaves_the_same_fraction_idle(name, p, m):
+    cost = {"F": 1, "B": 2}
+    start = ps.place(orders(name, p, m), cost)
+    assert ps.ticks_of(start, cost) == 3 * (m + p - 1)
+    assert ps.bubble(ps.grid(orders(name, p, m), start, cost)) == pytest.approx([(p - 1) / (m + p - 1)] * p)
+
+
+@pytest.mark.parametrize("p, m", SHAPES)
+def test_gpipe_holds_every_micro_batch_1f1b_at_most_p_minus_s(p, m):
+    assert [held(o) for o in orders("gpipe", p, m)] == [m] * p
+    assert [held(o) for o in orders("1f1b", p, m)] == [min(p - s, m) for s in range(p)]
+
+
+def test_the_1f1b_grid_has_its_warm_up_steady_state_and_cool_down():
+    pl = ps.plan(orders("1f1b", 4, 8), 8)
+    row = [ps.name(op) if op else "." for op in pl.grid[0]]
+    assert row[:8] == ["F0", "F1", "F2", "F3", ".", ".", ".", "B0"]   # warm-up 3, then F3, wait for B0
+    assert row[-7:] == ["B4", ".", "B5", ".", "B6", ".", "B7"]  # cool-down: one backward per 2 ticks
+    assert [ps.name(op) for op in pl.grid[3][3:7]] == ["F0", "B0", "F1", "B1"]  # the last stage: 1F1B
+
+
+@pytest.mark.parametrize("p, m", SHAPES)
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_each_stage_sends_m_activations_and_m_gradients_to_its_neighbours(name, p, m):
+    pl = ps.plan(orders(name, p, m), m)
+    for s, row in enumerate(pl.steps):
+        sent = {ph: [msg for st in row for msg in st[ph][0]] for ph in ("forward", "backward")}
+        got = {ph: [msg for st in row for msg in st[ph][1]] for ph in ("forward", "backward")}
+        assert sorted(sent["forward"]) == ([(i, s + 1) for i in range(m)] if s < p - 1 else [])
+        assert sorted(sent["backward"]) == ([(i, s - 1) for i in range(m)] if s > 0 else [])
+        assert sorted(got["forward"]) == ([(i, s - 1) for i in range(m)] if s > 0 else [])
+        assert sorted(got["backward"]) == ([(i, s + 1) for i in range(m)] if s < p - 1 else [])
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_a_message_travels_in_the_tick_its_consumer_runs_and_after_it_is_made(name):
+    p, m = 4, 8
+    pl = ps.plan(orders(name, p, m), m)
+    for s, row in enumerate(pl.steps):
+        for t, st in enumerate(row):
+            for i, frm in st["forward"][1]:
+                assert pl.grid[s][t] == ("F", i) and pl.start[(frm, ("F", i))] < t
+            for i, frm in st["backward"][1]:
+                assert pl.grid[s][t] == ("B", i) and pl.start[(frm, ("B", i))] < t
+
+
+def test_1f1b_without_warm_up_is_valid_but_runs_one_micro_batch_at_a_time():
+    p, m = 4, 8
+    serial = [[op for i in range(m) for op in (("F", i), ("B", i))] for _ in range(p)]
+    pl = ps.plan(serial, m)
+    assert pl.ticks == 2 * m * p and ps.bubble(pl.grid) == pytest.approx([(p - 1) / p] * p)
+
+
+def test_one_warm_up_forward_too_many_holds_one_micro_batch_more():
+    p, m = 4, 8
+
+    def order(s):
+        w = min(p - s, m)
+        return ([("F", i) for i in range(w)] + [op for i in range(m - w) for op in (("F", w + i), ("B", i))]
+                + [("B", i) for i in range(m - w, m)])
+    every = [order(s) for s in range(p)]
+    ps.plan(every, m)  # valid
+    assert [held(o) for o in every] == [min(p - s + 1, m) for s in range(p)]
+
+
+def test_a_backward_before_its_own_forward_deadlocks_and_says_who_waits_for_what():
+    p, m = 3, 2
+    broken = orders("1f1b", p, m)
+    broken[2] = [("B", 0), ("F", 0), ("F", 1), ("B", 1)]
+    with pytest.raises(ps.ScheduleError, match=r"the schedule: the orders deadlock: .*stage 2 waits to run "
+                                               r"B0, which needs F0 on stage 2 \(its own, later in its order\)"):
+        ps.plan(broken, m, "the schedule")
+
+
+def test_orders_that_wait_on_each_other_deadlock_and_orders_that_only_wait_are_slow():
+    p, m = 2, 3
+    every = orders("gpipe", p, m)
+    every[1] = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]  # stage 0 waits for B2 first
+    pl = ps.plan(every, m)  # valid: stage 0 only waits
+    assert pl.ticks > 2 * (m + p - 1)
+    every = [[("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)],   # B0 before F1 here,
+             [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)]]   # F1 before B0 there
+    with pytest.raises(ps.ScheduleError, match=r"deadlock: stage 0 waits to run B0, which needs B0 on "
+                                               r"stage 1; stage 1 waits to run F1, which needs F1 on stage 0"):
+        ps.plan(every, m)
+
+
+@pytest.mark.parametrize("order, said", [
+    ([("F", 0), ("B", 0), ("F", 1)], "stage 0's order never runs B1"),
+    ([("F", 0), ("F", 0), ("B", 0), ("F", 1), ("B", 1)], "stage 0's order runs F0 2 times"),
+    ([("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2)], "stage 0's order runs F2, not an op of 2"),
+])
+def test_an_order_must_run_every_op_once(order, said):
+    with pytest.raises(ps.ScheduleError, match=said):
+        ps.plan([order], 2)
+
+
+def test_a_send_no_one_receives_is_named_with_its_tick():
+    p, m = 3, 2
+    pl = ps.plan(orders("gpipe", p, m), m)
+    steps = pl.steps
+    t = next(t for t, st in enumerate(steps[1]) if st["backward"][0])
+    (i, peer), = steps[1][t]["backward"][0]
+    steps[1][t]["backward"][0].append((i, 2))  # the gradient sent up as well as down
+    assert ps.mismatch(steps, pl.start) == (f"tick {t}: stage 1 sends the gradient of micro-batch {i} "
+                                            "to stage 2, which receives no such thing then")
+    steps[1][t]["backward"][0][:] = []  # and not at all
+    assert ps.mismatch(steps, pl.start) == (f"tick {t}: stage 0 waits for the gradient of micro-batch "
+                                            f"{i} from stage 1, which sends no such thing then")
+
+
+def test_a_message_sent_before_it_is_made_is_refused():
+    p, m = 2, 2
+    pl = ps.plan(orders("gpipe", p, m), m)
+    start = dict(pl.start)
+    start[(0, ("F", 1))] = 5  # as if stage 0 made F1's activation late
+    assert "which it makes only by tick 6" in ps.mismatch(pl.steps, start)
+
+
+def test_the_grid_fits_the_width_in_blocks_of_ticks():
+    pl = ps.plan(orders("gpipe", 4, 40), 40)
+    lines = ps.render(pl.grid, 100)
+    assert max(map(len, lines)) <= 100
+    blocks = [line for line in lines if line.startswith("ticks ")]
+    assert len(blocks) > 1 and blocks[0].startswith("ticks 0-")
+    cells = sum(len(line.split()) - 2 for line in lines if line.startswith("rank 0"))
+    assert cells == pl.ticks
+    assert ps.render(ps.plan(orders("1f1b", 2, 3), 3).grid)[0] == "rank 0 F0 F1 .  B0 F2 B1 .  B2"
