@@ -24,6 +24,7 @@ Between start() and wait() a send buffer must not be written and a receive buffe
 Empty buffers are skipped on both sides (gloo rejects empty tensors), so both sides must agree on the
 sizes; messages between the same two ranks match in the order they are posted (NCCL has no tags).
 """
+import functools
 import types
 
 from common import buffers, timing
@@ -71,7 +72,7 @@ def mpi_backend(ctx):
     def start(sends, recvs):
         reqs = [comm.Isend(buf, dest=peer) for buf, peer in _nonempty(sends)]
         reqs += [comm.Irecv(buf, source=peer) for buf, peer in _nonempty(recvs)]
-        return Started(lambda: MPI.Request.Waitall(reqs), (sends, recvs))
+        return Started(functools.partial(MPI.Request.Waitall, reqs), (sends, recvs))
 
     def allreduce(buf):
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
