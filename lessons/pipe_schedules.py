@@ -81,15 +81,17 @@ def place(orders, cost=UNIT):
                 moved = True
     stuck = [s for s in range(p) if pos[s] < len(orders[s])]
     if stuck:
-        said = []
+        said = {}
         for s in stuck:
             op = tuple(orders[s][pos[s]])
             missing = [(q, o) for q, o in needs(s, op, p) if (q, o) not in end]
-            why = ", ".join(f"{name(o)} on stage {q}" + (" (its own, later in its order)" if q == s else "")
-                            for q, o in missing)
-            said.append(f"stage {s} waits to run {name(op)}, which needs {why}")
-        raise ScheduleError("the orders deadlock: " + "; ".join(said[:3])
-                            + (f"; ... ({len(said)} stages stuck)" if len(said) > 3 else ""))
+            own = [o for q, o in missing if q == s]  # waits for itself: the root of the deadlock
+            why = (f"{name(own[0])} on stage {s}, its own, later in its order" if own else
+                   " and ".join(f"{name(o)} on stage {q}" for q, o in missing))
+            said[s] = (not own, f"stage {s} waits to run {name(op)}, which needs {why}")
+        first = sorted(said, key=lambda s: said[s][0])[:2]  # a stage stuck on itself first
+        raise ScheduleError("the orders deadlock: " + "; ".join(said[s][1] for s in first)
+                            + (f" ({len(stuck)} stages stuck)" if len(stuck) > len(first) else ""))
     return start
 
 

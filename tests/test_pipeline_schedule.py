@@ -105,7 +105,7 @@ def test_a_backward_before_its_own_forward_deadlocks_and_says_who_waits_for_what
     broken = orders("1f1b", p, m)
     broken[2] = [("B", 0), ("F", 0), ("F", 1), ("B", 1)]
     with pytest.raises(ps.ScheduleError, match=r"the schedule: the orders deadlock: .*stage 2 waits to run "
-                                               r"B0, which needs F0 on stage 2 \(its own, later in its order\)"):
+                                               r"B0, which needs F0 on stage 2, its own, later in its order"):
         ps.plan(broken, m, "the schedule")
 
 
