@@ -28,8 +28,8 @@ What to watch for:
   1. the split: which tokens each rank holds, contiguous and zig-zag. The default 1001 tokens leave
      remainders at 3 and 4 ranks (and at 6 and 8 chunks): blocks differ by a row.
   2. no mask: every rank's output rows against one process computing full attention in float64
-     (max |difference|; tolerance 1e-12 in float64, 1e-5 in float32, measured ~1e-16 and ~5e-7: the
-     ring adds the same terms in another order). Bytes sent and transfers, counted by
+     (max |difference|; tolerance 1e-12 in float64, 1e-5 in float32, measured up to ~1e-15 and ~8e-7:
+     the ring adds the same terms in another order). Bytes sent and transfers, counted by
      common/counting.Counted. Then the clock (best of --reps, slowest rank): the ring with overlap,
      its compute alone and its transfers alone, and how much of the transfer time the overlap hid,
      (compute + transfers - ring) / transfers; what that means is said only when the numbers show it.
@@ -52,8 +52,9 @@ import os
 import sys
 import textwrap
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # N ranks on few cores: one BLAS thread each, or
-import numpy as np  # noqa: E402                     # their spinning threads take 4x as long here
+if __name__ == "__main__":  # N ranks on few cores: one BLAS thread each (before NumPy loads), or their
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # threads spin: 4x as long at NP 4 on 2 cores
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import bootstrap, buffers, counting, p2p, report, shards, timing  # noqa: E402
@@ -367,22 +368,27 @@ def show_causal(ctx, got, timings):
     return out
 
 
-def causal_ring_lines(ctx, t_contig, t_zig, cores):
+def causal_ring_lines(ctx, t_contig, t_zig, totals, cores):
+    """The causal rings' times, contiguous vs zig-zag, and what they show (when they show it)."""
     n = ctx.world_size
     if n == 1:
         return []
     ratio = t_contig / t_zig if t_zig > 0 else float("nan")
     lines = [f"the causal ring with overlap, slowest rank: contiguous {t_contig * 1e3:.2f} ms, zig-zag "
-             f"{t_zig * 1e3:.2f} ms ({ratio:.2f}x)"]
+             f"{t_zig * 1e3:.2f} ms ({ratio:.2f}x)",
+             f"  q.k computed over all ranks: contiguous {totals[0]}, zig-zag {totals[1]}"]
     if ratio >= 1.2:
         lines.append("  zig-zag was faster: each step waits for the busiest rank, and contiguous's "
                      "last rank computes\n  at every step")
-    elif n > cores:
-        lines.append(f"  about the same: {n} ranks share {cores} cores, so a rank waiting for its "
-                     "neighbour leaves its\n  core to a busy one, and the total work, the same for "
-                     "both splits, sets the time")
-    else:
+    elif ratio > 1 / 1.2 and n > cores:
+        lines.append(f"  about the same: {n} ranks share {cores} cores, and a rank waiting for its "
+                     "neighbour leaves its\n  core to a busy one, so the total work sets the time more "
+                     "than the busiest rank does")
+    elif ratio > 1 / 1.2:
         lines.append("  about the same on this run: the clock does not show the imbalance here")
+    else:
+        lines.append("  zig-zag took longer on this run: the clock does not show the balance here"
+                     + (f" ({n} ranks,\n  {cores} cores)" if n > cores else ""))
     return lines
 
 
@@ -411,6 +417,7 @@ def main():
     parser.add_argument("--reps", type=bootstrap.positive(int), default=REPS,
                         help=f"the clock: best of this many (default {REPS})")
     args, ctx = bootstrap.start(__file__, parser)
+    from mpi4py import MPI
     n, rank = ctx.world_size, ctx.rank
     if ctx.api == "torch":
         import torch as xp
@@ -462,14 +469,16 @@ def main():
         causal[split] = {"err": err, **work, **sent}
         tc = clock(ctx, xp, raw, q, k, v, layout, True, args.reps)
         causal[split]["compute_s"] = tc["compute"]
-        ring_s[split] = ctx.comm.allreduce(tc["ring"], op=max_op())
+        ring_s[split] = ctx.comm.allreduce(tc["ring"], op=MPI.MAX)  # the slowest rank's
         got[split] = ctx.comm.gather((rank, err, work["computed"], work["useful"], work["skipped"]), root=0)
         timings[split] = ctx.comm.gather(tc["compute"], root=0)
     balance = {}
     if rank == 0:
         balance = show_causal(ctx, got, timings)
+        totals = [sum(r[2] for r in got[split]) for split in layouts]
         print(end="".join(line + "\n" for line in causal_ring_lines(ctx, ring_s["contiguous"],
-                                                                      ring_s["zigzag"], cores)), flush=True)
+                                                                      ring_s["zigzag"], totals, cores)),
+              flush=True)
     useful_totals = [sum(r[3] for r in got[split]) for split in layouts] if rank == 0 else None
 
     report.section(ctx, f"4. large logits: q times {args.logit_scale:g}, the causal ring on the zig-zag split")
@@ -512,11 +521,6 @@ def main():
     params = {"seq": seq, "dim": dim, "dtype": args.dtype, "itemsize": itemsize, "tol": tol,
               "tol_large": tol_large, "logit_scale": args.logit_scale, "reps": args.reps}
     report.finish(ctx, row, summary=summary, params=params)
-
-
-def max_op():
-    from mpi4py import MPI
-    return MPI.MAX
 
 
 if __name__ == "__main__":

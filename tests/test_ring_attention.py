@@ -1,0 +1,92 @@
+"""Lesson 13's pure pieces, without MPI: the online softmax streamed over tiles against one softmax of
+every score, the causal tiles against a brute-force mask, and every rank's attention over every
+block (the ring's work without the ring) against one process, with the work the YAML's closed forms
+expect. The runs themselves are in test_lessons.py, the wrong answers in
+tests/wrong_answers/13_ring_attention.yaml."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from common import bootstrap
+
+lesson = bootstrap.lesson_module("13")  # importing a lesson starts no MPI
+
+
+def softmax_rows(s, v):
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True) @ v
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e4])
+def test_the_online_softmax_streamed_over_tiles_is_one_softmax(scale):
+    """Keys in uneven tiles, in an order that raises and lowers the running max; scores up to 1e5,
+    where exp(s) alone overflows."""
+    rng = np.random.default_rng(0)
+    rows, keys, d = 5, 23, 3
+    s, v = rng.standard_normal((rows, keys)) * scale, rng.standard_normal((keys, d))
+    s[:, 7] += 10 * scale  # one key far above the others, met in the middle of the stream
+    state = [np.full(rows, -np.inf), np.zeros(rows), np.zeros((rows, d))]
+    for a, b in [(10, 23), (0, 4), (4, 10)]:
+        lesson.online_softmax(np, state, slice(0, rows), s[:, a:b], v[a:b])
+    _, l, o = state
+    assert np.allclose(o / l[:, None], softmax_rows(s, v), rtol=0, atol=1e-12)
+    with np.errstate(over="ignore", invalid="ignore"):
+        naive = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True) @ v
+    assert scale == 1.0 or not np.isfinite(naive).all()  # the case the running max is for
+
+
+@pytest.mark.parametrize("a0, a1", [(0, 4), (3, 7), (5, 6)])
+def test_tiles_and_their_useful_products_agree_with_a_brute_force_mask(a0, a1):
+    for b0, b1 in itertools.combinations(range(10), 2):
+        seen = np.arange(a0, a1)[:, None] >= np.arange(b0, b1)[None, :]
+        kind = lesson.tile(a0, a1, b0, b1, True)
+        want = "full" if seen.all() else "masked" if not seen.any() else "diagonal"
+        assert kind == want, (a0, a1, b0, b1)
+        assert lesson.visible(a0, a1, b0, b1) == seen.sum()
+        assert lesson.tile(a0, a1, b0, b1, False) == "full"
+    assert lesson.tile(3, 3, 0, 5, True) == lesson.tile(0, 5, 2, 2, True) == "empty"
+
+
+def chunk(c, parts, seq):
+    """Chunk c of `parts` as the YAML writes it: seq//parts items, one more for the first seq%parts."""
+    lo = c * (seq // parts) + min(c, seq % parts)
+    return lo, lo + seq // parts + (1 if c < seq % parts else 0)
+
+
+@pytest.mark.parametrize("seq", [1, 5, 29])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("split", ["contiguous", "zigzag"])
+def test_every_block_folded_in_gives_causal_attention_and_the_work_of_the_closed_form(seq, n, split):
+    """The ring's compute without the ring: each rank folds every rank's block, its own first."""
+    d = 4
+    q, k, v = lesson.make_qkv(seq, d, np.float64)
+    layout = lesson.split_chunks(seq, n, split)
+    assert sorted(lesson.positions([c for r in layout for c in r])) == list(range(seq))
+    parts = n if split == "contiguous" else 2 * n
+    for rank in range(n):
+        mine = [chunk(rank, parts, seq)] + ([chunk(2 * n - 1 - rank, parts, seq)] if split == "zigzag" else [])
+        assert layout[rank] == mine
+        rows = lesson.positions(layout[rank])
+        state = [np.full(len(rows), -np.inf), np.zeros(len(rows)), np.zeros((len(rows), d))]
+        work = {"tiles": 0, "skipped": 0, "computed": 0, "useful": 0}
+        pos = [lesson.positions(c) for c in layout]
+        for step in range(n):
+            src = (rank - step) % n
+            block = np.concatenate([k[pos[src]], v[pos[src]]], axis=1)
+            lesson.attend(np, state, q[rows], block, layout[rank], layout[src], pos[rank], pos[src], True,
+                          work)
+        if len(rows):
+            _, l, o = state
+            assert np.allclose(o / l[:, None], lesson.full_attention(q, k, v, rows, True), atol=1e-13)
+        assert work["computed"] == sum((hi - lo) * hi for lo, hi in mine)  # every key up to its last token
+        assert work["useful"] == sum(hi * (hi + 1) // 2 - lo * (lo + 1) // 2 for lo, hi in mine)
+
+
+def test_the_reference_is_one_softmax_of_every_score():
+    q, k, v = lesson.make_qkv(6, 2, np.float64)
+    rows = np.array([0, 3, 5])
+    s = q[rows] @ k.T / math.sqrt(2)
+    s[np.arange(6)[None, :] > rows[:, None]] = -np.inf
+    assert np.allclose(lesson.full_attention(q, k, v, rows, True), softmax_rows(s, v), atol=1e-15)
