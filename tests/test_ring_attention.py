@@ -66,7 +66,9 @@ def test_every_block_folded_in_gives_causal_attention_and_the_work_of_the_closed
     assert sorted(lesson.positions([c for r in layout for c in r])) == list(range(seq))
     parts = n if split == "contiguous" else 2 * n
     for rank in range(n):
-        mine = [chunk(rank, parts, seq)] + ([chunk(2 * n - 1 - rank, parts, seq)] if split == "zigzag" else [])
+        mine = [chunk(rank, parts, seq)]
+        if split == "zigzag":
+            mine.append(chunk(2 * n - 1 - rank, parts, seq))
         assert layout[rank] == mine
         rows = lesson.positions(layout[rank])
         state = [np.full(len(rows), -np.inf), np.zeros(len(rows)), np.zeros((len(rows), d))]
