@@ -55,9 +55,10 @@ What to watch for:
      same stages from the same weights; its loss and gradients must equal the hand-made ones. It
      splits the batch as tensor_split does (the first B % m micro-batches one row more: ours), and
      scale_grads=False keeps it from dividing the summed gradients by m (our loss is already / B).
-Try: ARGS="--micro 2" (a bubble of (p-1)/(p+1)); ARGS="--micro 32" (small bubble, GPipe holds 32).
-A bigger model makes the wall clock count compute, on a machine with a core per rank:
-ARGS="--hidden 1024 --batch 4096".
+Try: ARGS="--micro 2" (a bubble of (p-1)/(p+1)); ARGS="--micro 30" (small bubble, GPipe holds 30).
+To see the bubble on the wall clock, give an op more work than a message costs, on a machine with a
+core per rank and one BLAS thread per rank: OPENBLAS_NUM_THREADS=1 with ARGS="--hidden 1024 --batch
+4096" (section 4 says whether the clock then shows it, and what it measured if not).
 
 Run it:
   make lesson-12 NP=4                      (API=torch; ARGS="--micro 4 --grid"; ARGS="--dtype float32")
@@ -83,6 +84,10 @@ TOL = {"float64": 1e-12, "float32": 1e-5}  # max |difference| allowed against on
 SCHEDULES = ("gpipe", "1f1b")
 TITLE = {"gpipe": "GPipe", "1f1b": "1F1B"}
 WIDTH_COLS = 100
+GROUP = {("mpi4py", "cpu"): "comm.Isend and comm.Irecv, then MPI.Request.Waitall (common/p2p.py)",
+         ("mpi4py", "gpu"): "ncclSend and ncclRecv between nccl.groupStart() and groupEnd() (common/p2p.py)",
+         ("torch", "cpu"): "dist.batch_isend_irecv of P2POps, then wait() on each (gloo; common/p2p.py)",
+         ("torch", "gpu"): "dist.batch_isend_irecv of P2POps, then wait() on each (nccl; common/p2p.py)"}
 
 
 # ---------------------------------------------------------------- the schedules: each stage's order
@@ -337,6 +342,8 @@ def show_split(ctx, ten, dims, split, micro, args, itemsize):
 
 def show_grids(ctx, plans, m, full):
     n = ctx.world_size
+    print("F3: forward of micro-batch 3, B3: its backward, .: idle; one op per tick, each at the "
+          "earliest\ntick its inputs allow")
     for name, pl in plans.items():
         lines = render(pl.grid, WIDTH_COLS)
         idle = bubble(pl.grid)
@@ -350,10 +357,12 @@ def show_grids(ctx, plans, m, full):
                   "prints them")
     nmsg = sum(len(st[ph][0]) for row in plans["gpipe"].steps for st in row
                for ph in ("forward", "backward"))  # 2 m (p-1): the same for both schedules
-    print("F3: forward of micro-batch 3, B3: its backward, .: idle; one op per tick, each at the "
-          "earliest\ntick its inputs allow. Checked before anything ran: "
-          + (f"each of a schedule's {nmsg} messages meets\nits receive in the tick its consumer runs"
-             if nmsg else "one stage, no messages"), flush=True)
+    if nmsg:
+        print(f"checked before anything ran: each of a schedule's {nmsg} messages meets its receive in "
+              f"the tick\nits consumer runs. A tick's forward messages go as one group, then its "
+              f"backward ones:\n{GROUP[(ctx.api, ctx.device)]}", flush=True)
+    else:
+        print("checked before anything ran: one stage, no messages", flush=True)
 
 
 def show_equal(ctx, every, ref_loss, tol, dtype):
