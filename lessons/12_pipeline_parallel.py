@@ -4,8 +4,8 @@ The idea: cut the model's layers into p stages, one per rank (stage s on rank s)
 micro-batches. A micro-batch's forward runs stage 0, 1, ..., p-1: each stage sends its output (the
 activation) to the next. Its backward runs the other way: each stage sends the gradient of its input
 to the previous one. Only neighbours talk, and only micro-batch activations travel, never parameters.
-  GPipe  every stage runs all m forwards, then all m backwards (here B(m-1) .. B0: any order works,
-         every forward is done). Each stage holds the activations of all m micro-batches at once.
+  GPipe  every stage runs all m forwards, then all m backwards (here B(m-1) .. B0, last in first out;
+         B0 .. B(m-1) on every stage takes as long). Each stage holds all m micro-batches' activations.
   1F1B   stage s runs a warm-up of min(p-s-1, m) forwards, then alternates one forward, one backward,
          then a cool-down of the backwards left. A micro-batch's activations are freed by its backward
          as soon as it can run, so stage s holds at most min(p-s, m) of them (PipeDream-Flush, the
@@ -37,23 +37,25 @@ What to watch for:
      more row). Every activation that crosses a stage boundary is a micro-batch's rows x the hidden
      width (all layers but the first and last are hidden x hidden).
   2. the grids, GPipe's and 1F1B's (F3: forward of micro-batch 3, B3 its backward, .: idle), the
-     same length, the idle triangles at both ends the bubble. --grid prints them even when wide.
+     same length; the idle cells are the bubble, the pipe filling and draining (1F1B's first stages
+     also wait for their first backward). --grid prints them even when wide.
   3. equal to one process (checked): the loss and every layer's gradient, for both schedules,
      against one process running the whole batch through the whole model. Tolerance: a stage adds
      its gradient micro-batch by micro-batch, one process in one product, so sums differ in the last
      bits (measured: below 5e-16 in float64, 2e-7 in float32); the checks allow 1e-12 / 1e-5.
   4. the bubble, two ways: in ticks, counted in the executed run (each rank counts the ticks it
      walked and those it ran an op in), graded against (p-1)/(m+p-1); and in wall-clock time (the
-     time outside ops over the time of the whole walk), reported only: a sentence says what it shows
-     when it shows the formula, and why not when it does not (ops of microseconds against messages
-     that take longer; more ranks than cores).
+     time outside ops over the time of the whole walk), reported only: a sentence says so when it
+     shows the formula, and when it does not, the causes this run measured (stages of unequal work,
+     messages that cost as much as an op, more ranks than cores, a load average above the ranks).
   5. the cost (counted by common/counting.Counted, measured by tracking every stashed array until
      Python frees it): stage s < p-1 sends m activations, B x hidden x itemsize bytes in all; stage
      s > 0 sends m gradients, as many bytes; activations held at the peak, in micro-batches: GPipe m
      on every stage, 1F1B min(p-s, m).
   6. on --api torch: torch.distributed.pipelining (PipelineStage, ScheduleGPipe, Schedule1F1B) runs the
-     same stages from the same weights; its loss and gradients must equal the hand-made ones. It
-     splits the batch as tensor_split does (the first B % m micro-batches one row more: ours), and
+     same stages from the same weights; its loss and gradients must equal one process's (checked).
+     Its stages size their receive buffers from the first micro-batch, so every micro-batch must have
+     as many rows: it runs on the first m x floor(B/m) rows, against one process on those.
      scale_grads=False keeps it from dividing the summed gradients by m (our loss is already / B).
 Try: ARGS="--micro 2" (a bubble of (p-1)/(p+1)); ARGS="--micro 30" (small bubble, GPipe holds 30).
 To see the bubble on the wall clock, give an op more work than a message costs, on a machine with a

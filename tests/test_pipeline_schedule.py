@@ -163,3 +163,10 @@ def test_the_grid_fits_the_width_in_blocks_of_ticks():
     cells = sum(len(line.split()) - 2 for line in lines if line.startswith("rank 0"))
     assert cells == pl.ticks
     assert ps.render(ps.plan(orders("1f1b", 2, 3), 3).grid)[0] == "rank 0 F0 F1 .  B0 F2 B1 .  B2"
+
+
+def test_gpipe_backwards_in_forward_order_on_every_stage_take_as_long():
+    p, m = 4, 8
+    fifo = [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
+    pl = ps.plan(fifo, m)
+    assert pl.ticks == 2 * (m + p - 1) and [held(o) for o in fifo] == [m] * p
