@@ -299,18 +299,20 @@ def overlap_lines(ctx, t, cores):
         lines.append(f"  the transfers are {comm / ring:.0%} of the ring's time here: too little next to "
                      "the compute, and to the\n  clock's noise, to say how much of them the overlap hid")
     elif hidden >= 0.5:
-        lines.append(f"  about {shown:.0%} of the transfer time ran while the rank computed: the next "
-                     "block arrived during\n  the current one's tiles, so the wait after them was short")
+        lines.append(f"  the ring took {(comp + comm - ring) * 1e3:.2f} ms less than its compute and its "
+                     f"transfers one after the other:\n  {shown:.0%} of the transfer time ran while the "
+                     "ranks computed")
+    elif hidden <= 0.2 and ctx.transport == "mpi":
+        lines.append("  little was hidden on this run. An MPI library without a progress thread moves "
+                     "a large\n  message only while a rank is inside an MPI call: here, the Waitall "
+                     "after the compute")
     elif hidden <= 0.2:
-        why = ["  little was hidden on this run"]
-        if ctx.transport == "mpi":
-            why.append("  an MPI library without a progress thread moves a large message only while "
-                       "a rank is inside\n  an MPI call: here, in the Waitall after the compute")
-        if n > cores:
-            why.append(f"  {n} ranks share {cores} cores: a transfer and a compute take turns on them")
-        lines += why if len(why) > 1 else [why[0] + ": the clock does not show why"]
+        lines.append("  little was hidden on this run: the clock does not show why")
     else:
         lines.append("  some of the transfer time was hidden, not most")
+    if n > cores and comm >= 0.1 * ring:
+        lines.append(f"  ({n} ranks share {cores} cores: a transfer's time here includes waiting for "
+                     "a core)")
     return lines, hidden
 
 

@@ -92,3 +92,21 @@ def test_the_reference_is_one_softmax_of_every_score():
     s = q[rows] @ k.T / math.sqrt(2)
     s[np.arange(6)[None, :] > rows[:, None]] = -np.inf
     assert np.allclose(lesson.full_attention(q, k, v, rows, True), softmax_rows(s, v), atol=1e-15)
+
+
+@pytest.mark.parametrize("transport", ["mpi", "gloo", "nccl"])
+@pytest.mark.parametrize("ring, compute, transfers, says", [
+    (10.0, 9.9, 0.5, "too little next to the compute"),        # 5% of the ring: no reading
+    (10.0, 9.5, 2.0, "75% of the transfer time ran while"),     # hidden (9.5 + 2 - 10) / 2
+    (11.9, 10.0, 2.0, "little was hidden"),                     # hidden 0.05
+    (11.3, 10.0, 2.0, "some of the transfer time was hidden"),  # hidden 0.35
+])
+def test_the_overlap_is_read_only_as_far_as_the_clock_goes(transport, ring, compute, transfers, says):
+    ctx = type("Ctx", (), {"world_size": 4, "transport": transport})()
+    times = [{"ring": ring / 1e3, "compute": compute / 1e3, "transfers": transfers / 1e3, "reps": 3}] * 4
+    lines, hidden = lesson.overlap_lines(ctx, times, cores=2)
+    text = "\n".join(lines)
+    assert says in text and all(len(line) <= 100 for line in text.splitlines()), text
+    assert ("progress thread" in text) == (transport == "mpi" and says == "little was hidden")
+    assert ("share 2 cores" in text) == (says != "too little next to the compute")
+    assert hidden == pytest.approx((compute + transfers - ring) / transfers)
