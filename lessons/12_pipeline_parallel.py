@@ -59,8 +59,8 @@ What to watch for:
      scale_grads=False keeps it from dividing the summed gradients by m (our loss is already / B).
 Try: ARGS="--micro 2" (a bubble of (p-1)/(p+1)); ARGS="--micro 30" (small bubble, GPipe holds 30).
 To see the bubble on the wall clock, give an op more work than a message costs, on a machine with a
-core per rank and one BLAS thread per rank: OPENBLAS_NUM_THREADS=1 with ARGS="--hidden 1024 --batch
-4096" (section 4 says whether the clock then shows it, and what it measured if not).
+core per rank (the runner starts each rank with one BLAS thread): ARGS="--hidden 1024 --batch 4096"
+(section 4 says whether the clock then shows it, and what it measured if not).
 
 Run it:
   make lesson-12 NP=4                      (API=torch; ARGS="--micro 4 --grid"; ARGS="--dtype float32")

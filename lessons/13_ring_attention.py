@@ -55,9 +55,7 @@ import os
 import sys
 import textwrap
 
-if __name__ == "__main__":  # N ranks on few cores: one BLAS thread each (before NumPy loads), or their
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # threads spin: 4x as long at NP 4 on 2 cores
-import numpy as np  # noqa: E402
+import numpy as np  # the runner gives each rank one BLAS thread: threads spin, 4x as long at NP 4 on 2 cores
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import bootstrap, buffers, counting, p2p, report, shards, timing  # noqa: E402

@@ -3,6 +3,7 @@ Proves the checker can fail, and that a failed or hung run leaves nothing behind
 import json
 import os
 import re
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -190,3 +191,18 @@ def test_list_and_hint(app, fixtures_env):
     result = runner.invoke(app, ["list"])
     assert result.exit_code == 0 and "01" in result.output and "fixture that passes" in result.output
     assert "first hint" in runner.invoke(app, ["hint", "1"]).output
+
+
+@pytest.mark.parametrize("mine", [None, "3"])
+def test_each_rank_gets_one_blas_thread_unless_the_learner_set_it(tmp_path, monkeypatch, mine):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if mine:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", mine)
+    else:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    seen = tmp_path / "seen"
+    script = f"import os; open({str(seen)!r}, 'w').write(os.environ['OPENBLAS_NUM_THREADS'] + ' ' + " \
+             "os.environ['OMP_NUM_THREADS'])"
+    outcome = launch.run([sys.executable, "-c", script], 30, echo=False)
+    assert outcome.rc == 0
+    assert seen.read_text() == f"{mine or 1} 1"

@@ -134,8 +134,11 @@ def run(cmd, timeout, echo=True, env=None, tick=None):
 def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     cmd = cmd(run_dir) if callable(cmd) else cmd
     results_path = os.path.join(run_dir, "results.json")
-    env = {**os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir, "TUTOR_RESULTS": results_path,
-           "PYTHONUNBUFFERED": "1"}
+    # one BLAS / OpenMP thread per rank unless the learner set a number: N ranks that each start a thread
+    # per core spin against each other (a 32x256 @ 256x256 matmul took 19x as long at NP 4 on 2 cores)
+    threads = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {**threads, **os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir,
+           "TUTOR_RESULTS": results_path, "PYTHONUNBUFFERED": "1"}
     out = Outcome(rc=0, seconds=0.0, limit=timeout)
     start = time.monotonic()
     try:
