@@ -533,6 +533,12 @@ def show_collectives(ctx, args, every, itemsize):
     if same:
         print("(2) and (3) send the same bytes on every rank: g's all-reduce = (3)'s reduce-scatter "
               "+ all-gather")
+    total = {(i, ph): sum(r["ways"][i][f"{ph}_bytes"] for r in every) for i in (0, 1)
+             for ph in ("forward", "backward")}
+    if total[1, "forward"] and total[1, "backward"]:
+        print(f"(1) sends {total[0, 'forward'] / total[1, 'forward']:.2f} x (2)'s bytes forward and "
+              f"{total[0, 'backward'] / total[1, 'backward']:.2f} x backward: it moves h, tokens x F "
+              f"(F = {args.ffn}),\nwhere (2) moves only sums of tokens x hidden")
     print(end="", flush=True)
 
 
