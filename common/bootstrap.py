@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import textwrap
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -240,9 +241,17 @@ def lesson_module(number):
     if len(found) != 1:
         raise ImportError(f"no single lesson {number} in {folder}: {found}")
     name = "lesson_" + os.path.basename(found[0])[:-3]
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, found[0])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    with _LOADING:  # one loader at a time: a second thread must not get a module still executing
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, found[0])
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]  # a failed load is not a module
+                raise
+        return sys.modules[name]
+
+
+_LOADING = threading.RLock()  # re-entrant: lesson 09's module loads lesson 05's while it loads

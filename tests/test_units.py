@@ -1,6 +1,7 @@
 """Tier 1: the pure parts of bootstrap, devices, report and rundir (no MPI)."""
 import json
 import os
+import sys
 import threading
 
 import pytest
@@ -89,3 +90,22 @@ def test_the_command_shown_fits_100_columns_and_stays_one_shell_command():
     assert max(map(len, text.splitlines())) <= 100 and text.count("\n") >= 1
     assert text.replace(" \\\n   ", "") == "$ " + " ".join(cmd)  # the shell reads it back as one line
     assert engine.shown(["a", "b"]) == "$ a b"
+
+
+def test_a_lesson_module_loaded_by_threads_at_once_is_whole_in_each():
+    # lesson 09's ring on threads (tests/test_reduce_scatter_alltoall.py) loads lesson 05 from every
+    # thread at once: none may get the module while another thread is still executing it
+    name = bootstrap.lesson_module("05").__name__
+    for attempt in range(20):
+        del sys.modules[name]
+        start, got = threading.Barrier(6), []
+
+        def load():
+            start.wait()
+            got.append(hasattr(bootstrap.lesson_module("05"), "ring_allreduce"))
+        threads = [threading.Thread(target=load) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert got == [True] * 6, f"attempt {attempt}: a thread got a half-loaded lesson 05"
