@@ -4,6 +4,7 @@
     y = buffers.empty(ctx, 8, np.float64)         # an uninitialised receive buffer
     x = buffers.seeded(SEED + rank, count, "float32")   # each rank's own reproducible data
     buffers.to_host(y)                            # back to NumPy, for printing and checks
+    xp = buffers.array_module(ctx)                # numpy, cupy or torch: the math written once
 
 torch and CuPy are imported only on the paths that use them, so an mpi4py CPU run never loads them.
 On torch + CPU the tensor shares the NumPy array's memory, so tracemalloc still sees its bytes.
@@ -20,6 +21,19 @@ def seeded(seed, count, dtype, small_ints=False):
     if np.dtype(dtype).kind == "i":
         return rng.integers(-1000, 1000, count).astype(dtype)
     return rng.random(count).astype(dtype)
+
+
+def array_module(ctx):
+    """The module whose arrays this run computes on: numpy (CPU), cupy (NCCL) or torch (either
+    device). torch gets one thread per rank: N ranks with a thread pool each fight over the cores."""
+    if ctx.api == "torch":
+        import torch
+        torch.set_num_threads(1)
+        return torch
+    if ctx.device == "gpu":
+        import cupy
+        return cupy
+    return np
 
 
 def on_device(ctx, a):

@@ -452,13 +452,7 @@ def main():
     if steps == 0:
         ctx.fail("--sgd-steps and --adam-steps are both 0: nothing to train")
     n, rank = ctx.world_size, ctx.rank
-    if ctx.api == "torch":
-        import torch as xp
-        xp.set_num_threads(1)  # NP ranks, one thread each: no NP thread pools fighting over the cores
-    elif ctx.device == "gpu":
-        import cupy as xp
-    else:
-        xp = np
+    xp = buffers.array_module(ctx)  # numpy, cupy or torch (one thread per rank)
     nine = bootstrap.lesson_module("09")  # the ring all-gather and reduce-scatter lesson 09 built
     dtype = np.dtype(args.dtype)
     dims, flats = layer_dims(args.sizes), init_flats(args.sizes, dtype)

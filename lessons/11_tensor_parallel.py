@@ -621,13 +621,7 @@ def main():
     args, ctx = bootstrap.start(__file__, parser)
     args.ffn = args.ffn or FFN_PER_HIDDEN * args.hidden
     n, rank = ctx.world_size, ctx.rank
-    if ctx.api == "torch":
-        import torch as xp
-        xp.set_num_threads(1)  # NP ranks, one thread each: no NP thread pools fighting over the cores
-    elif ctx.device == "gpu":
-        import cupy as xp
-    else:
-        xp = np
+    xp = buffers.array_module(ctx)  # numpy, cupy or torch (one thread per rank)
     dtype = np.dtype(args.dtype)
     host, x, w = make_block(args.tokens, args.hidden, args.ffn, dtype)
     ref = reference(host, x, w)  # one process, NumPy, in --dtype

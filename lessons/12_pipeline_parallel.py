@@ -466,13 +466,7 @@ def main():
         ctx.fail(f"--layers {args.layers} cannot fill {n} stages: give at least one layer per rank")
     if m > args.batch:
         ctx.fail(f"--micro {m} is more than --batch {args.batch}: a micro-batch needs a row")
-    if ctx.api == "torch":
-        import torch as xp
-        xp.set_num_threads(1)  # NP ranks, one thread each: no NP thread pools fighting over the cores
-    elif ctx.device == "gpu":
-        import cupy as xp
-    else:
-        xp = np
+    xp = buffers.array_module(ctx)  # numpy, cupy or torch (one thread per rank)
     ten = bootstrap.lesson_module("10")  # lesson 10's seeded MLP: forward_layer, backward_layer
     dtype = np.dtype(args.dtype)
     sizes = [IN_WIDTH] + [args.hidden] * (args.layers - 1) + [OUT_WIDTH]

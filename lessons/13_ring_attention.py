@@ -427,13 +427,7 @@ def main():
     args, ctx = bootstrap.start(__file__, parser)
     from mpi4py import MPI
     n, rank = ctx.world_size, ctx.rank
-    if ctx.api == "torch":
-        import torch as xp
-        xp.set_num_threads(1)  # N ranks, one thread each: no N thread pools fighting over the cores
-    elif ctx.device == "gpu":
-        import cupy as xp
-    else:
-        xp = np
+    xp = buffers.array_module(ctx)  # numpy, cupy or torch (one thread per rank)
     dtype = np.dtype(args.dtype)
     seq, dim, itemsize = args.seq, args.dim, dtype.itemsize
     tol = TOL[args.dtype]
