@@ -301,9 +301,9 @@ def overlap_lines(ctx, t, cores):
                      f"transfers one after the other:\n  {shown:.0%} of the transfer time ran while the "
                      "ranks computed")
     elif hidden <= 0.2 and ctx.transport == "mpi":
-        lines.append("  little was hidden on this run. An MPI library without a progress thread moves "
-                     "a large\n  message only while a rank is inside an MPI call: here, the Waitall "
-                     "after the compute")
+        lines.append("  little was hidden on this run: the clock does not show why. One possible cause, "
+                     "not measured:\n  an MPI library without a progress thread moves a large message "
+                     "only inside an MPI call,\n  here the Waitall after the compute")
     elif hidden <= 0.2:
         lines.append("  little was hidden on this run: the clock does not show why")
     else:
