@@ -13,6 +13,7 @@ import time
 import pytest
 
 from common.runner import catalog, engine, exercise, grading, launch, practice
+from common.runner.terminal import path_shown
 from conftest import FIXTURES, ROOT, torch_marks, tutor
 
 PRACTICE_FIXTURES = os.path.join(FIXTURES, "exercise_lessons")  # .gitignore hides "practice/"
@@ -173,7 +174,8 @@ def test_one_idea_at_a_time(sandbox):
     assert "note: exercise spread: still the TODO, so the lesson's reference runs in its place" in wrong.stdout
     assert 'check failed: "double gives twice rank+1"' in wrong.stderr and "spread hears" not in wrong.stderr
     assert "not done yet" not in wrong.stderr and "2 failed" in wrong.stdout
-    assert max(len(line) for line in (wrong.stdout + wrong.stderr).splitlines()) <= 100
+    wide = [line for line in (wrong.stdout + wrong.stderr).splitlines() if len(line) > 100]
+    assert all(line.strip(" ;") == path_shown(path) for line in wide), wide  # only a path too long to break
     open(path, "w").write(fill("spread", "got = ctx.comm.allgather(ctx.rank)"))
     right = tutor("check", "03", "--mine", env=env)
     assert right.returncode == 0, right.stdout + right.stderr
@@ -312,10 +314,10 @@ def test_unfinished_names_the_exercise_and_where(sandbox):
     lesson = catalog.resolve("01")
     path, _, _ = practice.write_copy(lesson)
     out = launch.Outcome(rc=1, seconds=0.1, errors={
-        0: f"NotImplementedError: exercise allreduce: not done yet ({os.path.relpath(path)}:13)"})
+        0: f"NotImplementedError: exercise allreduce: not done yet ({path_shown(path)}:13)"})
     lines = exercise.explain(lesson, out, None, path, engine.explain(lesson, out, None))
     assert lines == [f"exercise 'allreduce' is not done yet: replace the TODO and the `raise "
-                     f"NotImplementedError` at {os.path.relpath(path)}:12-13 with your code"]
+                     f"NotImplementedError` at {path_shown(path)}:12-13 with your code"]
 
 
 # ---- the whole loop, as a learner types it -----------------------------------------------------
@@ -442,8 +444,19 @@ def test_answer_key_every_region_is_guarded(lesson, region, tmp_path, monkeypatc
         tried.append(np)
         if reason:
             with capsys.disabled():
-                shown = reason.replace(os.path.relpath(str(tmp_path)) + os.sep, "")
+                shown = reason.replace(path_shown(str(tmp_path)) + os.sep, "")
                 print(f"\n  answer key {lesson.name} [{region}] np={np}: stub fails: {shown}", end="")
             return
     pytest.fail(f"{lesson.name}: with exercise {region!r} stubbed, every check run passed (np {tried}): no "
                 "check run reaches it, or an except swallows NotImplementedError")
+
+
+def test_paths_are_shown_the_shorter_way(tmp_path, monkeypatch):
+    """A practice folder outside the repo is named absolutely once '../' steps would make it longer,
+    so that CI's deeper checkout does not push 'Edit <copy>;' past 100 columns (it did: 101)."""
+    deep = tmp_path / "a" / "b" / "c" / "d"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    outside = "/tmp/x.py"
+    assert os.path.relpath(outside).startswith("../") and path_shown(outside) == outside
+    assert path_shown(str(deep / "03.py")) == "03.py"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import yaml
 
 from common.runner import schema
+from common.runner.terminal import path_shown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,9 +68,9 @@ def load_yaml(path):
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
-        raise CatalogError(f"{os.path.relpath(path)}{line}: malformed YAML: {exc.problem}") from None
+        raise CatalogError(f"{path_shown(path)}{line}: malformed YAML: {exc.problem}") from None
     except yaml.YAMLError as exc:
-        raise CatalogError(f"{os.path.relpath(path)}: malformed YAML: {exc}") from None
+        raise CatalogError(f"{path_shown(path)}: malformed YAML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CatalogError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:

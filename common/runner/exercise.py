@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from common.runner.terminal import short
+from common.runner.terminal import path_shown, short
 
 MARK = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>>>>|<<<) exercise: (?P<name>[A-Za-z0-9_]+)\s*$")
 UNDONE = re.compile(r"NotImplementedError: exercise (?P<name>[A-Za-z0-9_]+)\b.*?(?:\((?P<at>[^()]+:\d+)\))?$")
@@ -86,13 +86,13 @@ def unfinished(outcome, script):
             found[m["name"]] = m["at"]
     try:
         with open(script) as f:
-            regions = {r.name: r for r in find_regions(f.read(), os.path.relpath(script))}
+            regions = {r.name: r for r in find_regions(f.read(), path_shown(script))}
     except (OSError, PracticeError):
         regions = {}
     lines = []
     for name, at in found.items():
         r = regions.get(name)
-        where = f"{os.path.relpath(script)}:{r.begin + 1}-{r.end - 1}" if r else at or os.path.relpath(script)
+        where = f"{path_shown(script)}:{r.begin + 1}-{r.end - 1}" if r else at or path_shown(script)
         lines.append(f"exercise {name!r} is not done yet: replace the TODO and the `raise "
                      f"NotImplementedError` at {where} with your code")
     return lines

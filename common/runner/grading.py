@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from common.runner.catalog import ROOT
 from common.runner.exercise import PracticeError, find_regions, stub_body
+from common.runner.terminal import path_shown
 
 RAN = "ran-"  # run-folder files a region's first run leaves: ran-NAME
 
@@ -48,8 +49,8 @@ class Plan:
 
 def plan(lesson_text, copy_text, copy_path, lesson_path, lesson_id):
     """The Plan for grading `copy_text`; PracticeError (one line) when no region was written yet."""
-    shown = os.path.relpath(copy_path)
-    ref = {r.name: r for r in find_regions(lesson_text, os.path.relpath(lesson_path))}
+    shown = path_shown(copy_path)
+    ref = {r.name: r for r in find_regions(lesson_text, path_shown(lesson_path))}
     ref_lines, lines = lesson_text.splitlines(keepends=True), copy_text.splitlines(keepends=True)
     regions = find_regions(copy_text, shown)
     untouched = [r for r in regions if r.name in ref and
@@ -101,7 +102,7 @@ def relabel(outcome, plan, launched):
     def swap(m):
         n = int(m.group(3))
         path, line = plan.origin[n - 1] if 0 < n <= len(plan.origin) else (plan.copy, n)
-        return f"{os.path.relpath(path)}{m.group(2)}{line}"
+        return f"{path_shown(path)}{m.group(2)}{line}"
 
     def fix(text):
         return pattern.sub(swap, text) if isinstance(text, str) else text

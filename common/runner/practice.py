@@ -5,6 +5,7 @@ import os
 from common.runner import files, grading
 from common.runner.catalog import ROOT
 from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
+from common.runner.terminal import path_shown
 from common.runner.progress import change, load_progress, progress_path, update  # noqa: F401 (used via practice.)
 from common.report import atomic_write
 
@@ -22,14 +23,14 @@ def write_copy(lesson, force=False):
     Returns (path, regions, backup path or None)."""
     with open(lesson.path) as f:
         text = f.read()
-    regions = find_regions(text, os.path.relpath(lesson.path))
+    regions = find_regions(text, path_shown(lesson.path))
     if not regions:
         raise PracticeError(f"{lesson.name} has no exercise yet (no `# >>> exercise:` markers)")
     path, backup = copy_path(lesson), None
     stub = make_stub(text, lesson.id, os.path.relpath(lesson.path))
     if os.path.exists(path):
         if not force:
-            raise PracticeError(f"{os.path.relpath(path)} exists (your work): edit it, or start over with "
+            raise PracticeError(f"{path_shown(path)} exists (your work): edit it, or start over with "
                                 f"`bin/tutor practice {lesson.id} --force`")
         with open(path) as f:
             untouched = f.read() == stub
@@ -37,7 +38,7 @@ def write_copy(lesson, force=False):
             try:
                 backup = files.keep_aside(path, ".bak")
             except (OSError, files.FileError) as exc:
-                raise PracticeError(f"{os.path.relpath(path)}: could not keep your copy aside "
+                raise PracticeError(f"{path_shown(path)}: could not keep your copy aside "
                                     f"({getattr(exc, 'strerror', None) or exc}); nothing was changed") from None
     atomic_write(path, stub)
     update(lesson, state="in progress")
@@ -78,8 +79,8 @@ def solution(lesson, force=False):
         text = f.read()
     lines = text.splitlines()
     parts = []
-    for r in find_regions(text, os.path.relpath(lesson.path)):
-        parts.append(f"# exercise {r.name}: {os.path.relpath(lesson.path)}:{r.begin + 1}-{r.end - 1}")
+    for r in find_regions(text, path_shown(lesson.path)):
+        parts.append(f"# exercise {r.name}: {path_shown(lesson.path)}:{r.begin + 1}-{r.end - 1}")
         parts += r.body(lines) + [""]
     if not parts:
         raise PracticeError(f"{lesson.name} has no exercise yet")
@@ -98,13 +99,13 @@ def mine_or_fail(lesson):
 
 
 def welcome(lesson, path, regions, backup):
-    lines = [f"wrote {os.path.relpath(path)}" + (f" (your old copy is {os.path.relpath(backup)})"
+    lines = [f"wrote {path_shown(path)}" + (f" (your old copy is {path_shown(backup)})"
                                                  if backup else "")]
     with open(path) as f:
         mine = {r.name: r for r in find_regions(f.read())}
     for r in regions:
         m = mine[r.name]
-        lines.append(f"  exercise {r.name}: {os.path.relpath(path)}:{m.begin + 1} (between the markers)")
+        lines.append(f"  exercise {r.name}: {path_shown(path)}:{m.begin + 1} (between the markers)")
     lines += [f"next: edit it, then `bin/tutor check {lesson.id} --mine`; stuck? `bin/tutor hint {lesson.id}`"]
     return "\n".join(lines)
 
@@ -139,7 +140,7 @@ def record(lesson, verdicts, plan, full):
     """Save the outcome of `check --mine` (one verdict per run); return what the learner reads next."""
     graded = [v for v in verdicts if v in ("pass", "fail", "crash", "timeout", "usage")]
     passed = bool(graded) and all(v == "pass" for v in graded) and "not run" not in verdicts
-    shown = os.path.relpath(copy_path(lesson))
+    shown = path_shown(copy_path(lesson))
     if passed and full and not plan.reference:
         update(lesson, state="passed")
         return (f"✓ {lesson.name}: your code passes every check. `bin/tutor solution {lesson.id}` shows "

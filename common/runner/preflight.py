@@ -6,6 +6,7 @@ import os
 
 from common import devices
 from common.runner import files, launch, schema
+from common.runner.terminal import path_shown
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
 
@@ -74,7 +75,7 @@ def _flags(extra):
 
 def check_script(path):
     """Compile the lesson (or the learner's copy) before launching NP copies of a syntax error."""
-    shown = os.path.relpath(path)
+    shown = path_shown(path)
     try:
         with open(path, "rb") as f:
             compile(f.read(), shown, "exec", dont_inherit=True)

@@ -9,6 +9,7 @@ import sys
 
 from common.runner import files
 from common.runner.catalog import ROOT
+from common.runner.terminal import path_shown
 from common.report import atomic_write
 
 
@@ -41,10 +42,10 @@ def _read_progress(keep_aside=True):
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc).split(":")[0]
     try:
-        aside = os.path.relpath(files.keep_aside(path, ".damaged")) if keep_aside else None
+        aside = path_shown(files.keep_aside(path, ".damaged")) if keep_aside else None
     except (OSError, files.FileError):
         aside = None
-    print(f"tutor: warning: {os.path.relpath(path)} is damaged ({why}); "
+    print(f"tutor: warning: {path_shown(path)} is damaged ({why}); "
           + (f"kept it as {aside} and started afresh" if aside else "starting afresh"), file=sys.stderr)
     return {}
 

@@ -14,6 +14,7 @@ import os
 import re
 
 from common.runner import expect, expr
+from common.runner.terminal import path_shown
 
 KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint"}
 NP_KEYS = {"default", "min", "max", "check"}
@@ -182,4 +183,4 @@ class _Where:
     def fail(self, key, message):
         node = (self._child(key) if key is not None else None) or self.node
         line = node.start_mark.line + 1 if node is not None else 1
-        raise SchemaError(f"{os.path.relpath(self.path)}:{line}: {message}")
+        raise SchemaError(f"{path_shown(self.path)}:{line}: {message}")

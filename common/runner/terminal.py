@@ -1,5 +1,6 @@
 """Text for a terminal 100 columns wide: values shortened with a count, long lines wrapped, what
 several ranks said alike said once ("ranks 0-3 failed: ..."). Pure functions; the JSON keeps it all."""
+import os
 import re
 import textwrap
 
@@ -48,6 +49,13 @@ def _split(inner):
             items.append(inner[start:i].strip())
             start = i + 1
     return items + [inner[start:].strip()]
+
+
+def path_shown(path):
+    """`path` as a learner reads it: relative to where they stand, or absolute where that is shorter
+    (a practice folder outside the repo is '/tmp/…/03.py', not '../../../tmp/…/03.py')."""
+    rel, full = os.path.relpath(path), os.path.abspath(path)
+    return rel if len(rel) <= len(full) else full
 
 
 def fit(line, width=WIDTH, indent="  "):

@@ -6,7 +6,7 @@ import re
 import signal
 
 from common.runner import rundir
-from common.runner.terminal import WIDTH, by_message, ranks_of, short  # noqa: F401
+from common.runner.terminal import WIDTH, by_message, path_shown, ranks_of, short  # noqa: F401
 from common.report import table
 
 # One status per run, and the exit status `bin/tutor run` ends with (README, "Verdicts and exit codes").
@@ -124,7 +124,7 @@ def traceback_end(tail):
         if not m:
             continue
         where = next((f for f in (_FILE_LINE.match(t) for t in reversed(tail[:i])) if f), None)
-        at = f" ({os.path.relpath(where['file'])}:{where['line']})" if where else ""
+        at = f" ({path_shown(where['file'])}:{where['line']})" if where else ""
         return f"{m['kind']}: {m['msg'].strip()}{at}"
     return None
 
