@@ -18,11 +18,13 @@ tests/wrong_answers/NN_topic.yaml holds a list of mistakes for lesson NN, each o
       passes: another valid convention     # instead of fails: a correct variant that must pass
     - mistake: ...
       file: lessons/zoo_schedules.py       # optional: the edit is made in this helper module of the lesson
-      replace: [[...]]                     # (imported as lessons.zoo_x), not in the lesson itself
+      replace: [[...]]                     # (imported as lessons.zoo_x), not in the lesson itself;
+                                           # or a module of common/ (the package is copied whole)
 
 The run imports the edited copy: the lesson and the edited file are copied to tmp_path/lessons/, and
 tmp_path comes first on sys.path (the lesson puts its parent folder there, and PYTHONPATH starts with
-it), so the namespace package `lessons` (no __init__.py) finds tmp_path/lessons/zoo_x.py before ROOT's.
+it), so the namespace package `lessons` (no __init__.py) finds tmp_path/lessons/zoo_x.py before ROOT's,
+and a `common/` case's tmp_path/common is the package `common` the ranks import.
 
 tests/wrong_answers/gpu_double.yaml holds bugs planted in the lessons' CuPy + NCCL path, run under the GPU
 double (tests/gpu_double): each case names its `lesson: "NN"` and may say `hangs: why` (the run must hit
@@ -33,6 +35,7 @@ test_every_check_can_fail holds each lesson to that: each check of its YAML is n
 `fails:`, or listed in CANNOT_FAIL with the reason no learner mistake can fail it.
 """
 import os
+import shutil
 import subprocess
 import sys
 
@@ -93,15 +96,21 @@ def failed_names(case):
 
 def stage(lesson, case, folder):
     """Write the lesson, and the helper module a `file:` case edits, to folder/lessons/ with the case's
-    edit made; return (the script to run, the PYTHONPATH head that makes the copies win)."""
+    edit made; return (the script to run, the PYTHONPATH head that makes the copies win). A `file:` in
+    common/ copies the whole package to folder/common, so the ranks import the edited helper."""
     target = os.path.join(ROOT, case["file"]) if "file" in case else lesson.path
-    if "file" in case and os.path.dirname(os.path.abspath(target)) != os.path.dirname(lesson.path):
-        raise ValueError(f"file: {case['file']} is not a module beside {lesson.name}")
+    shared = os.path.dirname(os.path.abspath(target)) == os.path.join(ROOT, "common")
+    if "file" in case and not shared and os.path.dirname(os.path.abspath(target)) != os.path.dirname(lesson.path):
+        raise ValueError(f"file: {case['file']} is neither a module beside {lesson.name} nor in common/")
     os.makedirs(os.path.join(folder, "lessons"), exist_ok=True)
+    if shared:
+        shutil.copytree(os.path.join(ROOT, "common"), os.path.join(folder, "common"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
     for path in {lesson.path, target}:
         with open(path) as f:
             source = f.read()
-        with open(os.path.join(folder, "lessons", os.path.basename(path)), "w") as f:
+        home = "common" if shared and path == target else "lessons"
+        with open(os.path.join(folder, home, os.path.basename(path)), "w") as f:
             f.write(edit(source, case, path) if path == target else source)
     return os.path.join(folder, "lessons", os.path.basename(lesson.path)), str(folder)
 
