@@ -1,0 +1,114 @@
+"""`bin/tutor check`: which runs to make (plan), making them one by one (run), and what is said after
+(failures grouped, the counts, the exit code). bin/tutor only prints what these return, and exits."""
+from dataclasses import dataclass, field
+
+from common.runner import engine, exercise, practice
+
+MARKS = {"pass": "✓", "fail": "✗ fail", "crash": "✗ crash", "timeout": "✗ timeout", "usage": "✗ usage",
+         "not graded": "– not graded", "blocked": "– blocked", "not run": "– not run"}
+FAILED = ("fail", "crash", "timeout", "usage")
+
+
+class Interrupted(Exception):
+    """The learner (or a signal) stopped a run: say `lines`, exit with `rc` (128 + the signal)."""
+    def __init__(self, lines, rc):
+        super().__init__(rc)
+        self.lines, self.rc = lines, rc
+
+
+@dataclass
+class Plan:
+    runs: list = field(default_factory=list)        # (lesson, np, api, device, why blocked or None)
+    graded: dict = field(default_factory=dict)      # --mine: lesson name -> grading.Plan
+    scripts: dict = field(default_factory=dict)     # --mine: lesson name -> the learner's copy
+    unwritten: list = field(default_factory=list)   # --mine: lessons with no exercise written yet
+
+
+def plan(lessons, np=None, api=None, device=None, mine=False, force=False, junit=None):
+    """Every run to make, each validated before any starts. Raises practice.PracticeError,
+    engine.UsageError, launch.LaunchError or engine.ScriptError (one line each)."""
+    out = Plan(scripts={l.name: practice.mine_or_fail(l) if mine else None for l in lessons})
+    if mine and not lessons:
+        raise practice.PracticeError("nothing to check yet: start with `bin/tutor practice ID`")
+    if junit:
+        engine.check_junit_target(junit)
+    for lesson in lessons:
+        dev = device or ("gpu" if lesson.needs_gpu else "cpu")
+        nps = [engine.parse_np(np, lesson)] if np else lesson.meta["np"]["check"]
+        runs = [(n, a) for n in nps for a in ([api] if api else lesson.meta["apis"])]
+        for n, a in runs:
+            engine.validate(lesson, n, a, dev)
+        engine.check_script(out.scripts[lesson.name] or lesson.path)
+        if mine:
+            try:
+                out.graded[lesson.name] = practice.grading_plan(lesson)
+            except practice.PracticeError as exc:  # nothing written yet: nothing to launch
+                out.unwritten.append(str(exc))
+                continue
+        for n, a in runs:
+            try:
+                engine.needs(lesson, n, a, dev, force)
+                blocked = None
+            except engine.Blocked as exc:
+                blocked = f"blocked: {exc}"
+            out.runs.append((lesson, n, a, dev, blocked))
+    return out
+
+
+def run(how, runs, say):
+    """Make `runs` (how.runs, perhaps behind a progress bar) in order; returns (table rows, cases,
+    hung). A case is (lesson, np, api, outcome or None, verdict, why). Once a lesson hangs, its other
+    runs are not started: a deadlock hangs every NP alike. Raises Interrupted, UsageError, LaunchError."""
+    rows, cases, hung = [], [], {}
+    for lesson, n, a, dev, blocked in runs:
+        if blocked or lesson.name in hung:
+            verdict = "blocked" if blocked else "not run"
+            rows.append((lesson.name, n, a, "-", "-", MARKS[verdict]))
+            cases.append((lesson, n, a, None, verdict, [blocked or f"not run: {hung[lesson.name]} hung first"]))
+            continue
+        waiting = engine.Waiting(f"{lesson.name} np={n} {a}", lesson.meta["timeout_s"], say)
+        outcome, checks = engine.run_lesson(lesson, n, a, dev, lesson.meta.get("args", []), echo=False,
+                                            tick=waiting, plan=how.graded.get(lesson.name))
+        why = engine.explain(lesson, outcome, checks)
+        if outcome.interrupted:
+            raise Interrupted(why, outcome.rc)
+        if outcome.timed_out:
+            hung[lesson.name] = f"np={n} {a}"
+        verdict = engine.status(outcome, checks)
+        if lesson.name in how.graded:
+            why = exercise.explain(lesson, outcome, checks, how.scripts[lesson.name], why)
+            verdict, why = practice.graded_verdict(how.graded[lesson.name], outcome, verdict, why)
+        rows.append((lesson.name, n, a, f"{sum(c['ok'] for c in checks or [])}/{len(checks or [])}",
+                     f"{outcome.seconds:.1f}", MARKS[verdict]))
+        cases.append((lesson, n, a, outcome, verdict, why))
+    return rows, cases, hung
+
+
+def problems(cases):
+    """(mark, heading, why lines) for every run that did not pass: failures first, then the rest;
+    runs that said the same thing are one heading."""
+    said = [(f"{lesson.name} np={n} api={a}", why, verdict) for lesson, n, a, outcome, verdict, why in cases
+            if verdict not in ("pass", "not run")]
+    for kind in ("✗", "–"):
+        these = [(head, why) for head, why, verdict in said if MARKS[verdict].startswith(kind)]
+        for head, why in exercise.grouped(these):
+            yield kind, head, why
+
+
+def recorded(how, lessons, cases, full):
+    """--mine: what each graded lesson's progress now says (practice.record)."""
+    return [practice.record(lesson, [c[4] for c in cases if c[0] is lesson], how.graded[lesson.name], full=full)
+            for lesson in lessons if lesson.name in how.graded]
+
+
+def tally(how, cases):
+    """The closing line ('3 passed, 1 failed, 2 blocked') and the exit status: failed or not run 1,
+    otherwise blocked 4, else 0."""
+    count = {v: sum(c[4] == v for c in cases) for v in MARKS}
+    failed = sum(count[v] for v in FAILED)
+    line = ", ".join([f"{count['pass']} passed", f"{failed} failed"] +
+                     [f"{count[v]} {v}" for v in ("not graded", "blocked", "not run") if count[v]])
+    rc = (engine.EXIT["fail"] if failed or count["not run"] or how.unwritten else
+          engine.EXIT["blocked"] if count["blocked"] else 0)
+    return line, rc
+
