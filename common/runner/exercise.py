@@ -8,7 +8,6 @@ The lesson file stays the only copy of the answer. `make_stub` keeps the markers
 between them with a TODO and a `raise NotImplementedError`, so an unfinished exercise fails loudly.
 Pure functions on text and run outcomes; the files and progress are common/runner/practice.py's.
 """
-import os
 import re
 from dataclasses import dataclass
 

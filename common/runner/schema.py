@@ -10,7 +10,6 @@ never be bound, so it is refused now, not at run time.
 import ast
 import difflib
 import math
-import os
 import re
 
 from common.runner import expect, expr

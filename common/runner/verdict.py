@@ -1,7 +1,6 @@
 """What a run's outcome means, in words and as data: the checks table, the lines that say why a run
 did not pass (which rank failed, which process a signal killed, where a hung rank was), the status the
 results JSON keeps, and the JUnit report."""
-import os
 import re
 import signal
 
