@@ -169,7 +169,22 @@ def test_checks_table_counts_long_lists_and_fits():
                "ok": False}, {"name": "short", "got": 1, "want": "== 1", "ok": True}]
     text = engine.checks_table(checks)
     assert_fits(text)
-    assert "== [0, 1, 2, 3, … (20 values)]" in text and "rank 0: 0.0, … (20 values)" in text, text
+    assert "== [0, 1, … (20 values)]" in text and "rank 0: 0.0, … (20 values)" in text, text
+    # lesson 10's shape: a long name beside two lists of 20 numbers, each cut with a '…' (3 bytes)
+    sizes = [23, 39, 27, 18] * 5
+    long = [{"name": "each rank holds ceil(items / N) of every layer, its share of the flat parameters",
+             "got": sizes, "want": f"== {sizes}", "ok": True}]
+    text = engine.checks_table(long)
+    assert_fits(text)
+    assert max(len(line.encode()) for line in text.splitlines()) <= 100, text  # tools that count bytes
+    named = [{"name": "forward bytes: (1) s T ((F - f[r+1]) + (H - h[r+1])); (2) s H (2T - t[r] - t[r+1])",
+              "got": sizes, "want": f"== {sizes}", "ok": True}]
+    row = engine.checks_table(named).splitlines()[2]
+    assert row.startswith("forward bytes: (1) s T ((F - f[r+") and row.count("…") == 3, row  # no '[… …'
+    cut_twice = [{"name": "model: ring = 2(N-1)a + 2(N-1)/N nb, the two halves of the all-reduce",
+                  "got": [r / 3 for r in range(20)], "want": "== [1.5, 2.25, 3.125] (rtol 1e-12, atol 1e-15)", "ok": True}]
+    text = engine.checks_table(cut_twice)  # lesson 07's: its want cut twice, 4 '…' in one row
+    assert max(len(line.encode()) for line in text.splitlines()) <= 100, text
 
 
 def test_list_and_hint_fit_a_terminal(app, tmp_path, monkeypatch):

@@ -47,13 +47,16 @@ def refused(outcome, checks):
 
 
 def checks_table(checks, width=92):
-    """The checks as a table of at most `width` characters (under 100 bytes with the marks, for tools
+    """The checks as a table of at most `width` characters (at most 100 bytes with the marks, for tools
     that count bytes): long lists say how many values they hold, long names end in '…'; the results
     JSON keeps them whole."""
-    got = [short(c["got"], 30) for c in checks]
-    want = [short(c["want"], 30) for c in checks]
+    got = [short(c["got"], 26) for c in checks]
+    want = [short(c["want"], 26) for c in checks]
     rest = max(map(len, got + ["got"])) + max(map(len, want + ["want"])) + 1 + 3 * 2
-    names = [short(c["name"], max(30, width - rest)) for c in checks]
+    dots = max(g.count("…") + w.count("…") for g, w in zip(got + [""], want + [""]))
+    room = width - rest - 2 * max(0, dots - 2)  # >= 33 - 2k; '…' is 3 bytes: one in each column fits
+    names = [c["name"] if len(c["name"]) <= room else c["name"][:room - 1] + "…"  # cut as text: a name's
+             for c in checks]                                                     # [r+1] is no list
     rows = [(n, g, w, "✓" if c["ok"] else "✗") for n, g, w, c in zip(names, got, want, checks)]
     return table(["check", "got", "want", ""], rows, align=[False, False, False, False])
 
