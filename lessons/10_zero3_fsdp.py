@@ -306,8 +306,12 @@ def torch_fsdp(ctx, flats, dims, x, t, batch, schedule):
     """torch.distributed.fsdp.fully_shard on the same model, weights and batch slices. Returns (the
     gathered flat parameters after the last step, the items of each parameter this rank holds)."""
     import torch
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     n, dtype, dev = ctx.world_size, x.dtype, x.device
+    # the run's own device: without mesh=, fully_shard builds its mesh on torch's accelerator, which is
+    # cuda on a GPU node even when this run is on the CPU
+    mesh = init_device_mesh(dev.type, (n,))
     linears = [torch.nn.Linear(fi, fo, dtype=dtype, device=dev) for fi, fo in dims]
     with torch.no_grad():
         for lin, flat, (fi, fo) in zip(linears, flats, dims):
@@ -319,8 +323,8 @@ def torch_fsdp(ctx, flats, dims, x, t, batch, schedule):
         layers += [lin, torch.nn.Tanh()]
     net = torch.nn.Sequential(*layers[:-1])
     for lin in linears:
-        fully_shard(lin)  # each layer its own unit: gathered before it runs, freed after
-    fully_shard(net)
+        fully_shard(lin, mesh=mesh)  # each layer its own unit: gathered before it runs, freed after
+    fully_shard(net, mesh=mesh)
     optimizers = {}
     for opt, lr, _ in schedule:
         if opt not in optimizers:  # a fresh optimizer when the schedule turns to Adam, as (a)-(c)
