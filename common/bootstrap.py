@@ -12,7 +12,6 @@ import socket
 import sys
 import textwrap
 import threading
-import warnings
 from dataclasses import dataclass, field
 
 from common import devices, watchdog
@@ -109,8 +108,16 @@ class Ctx:
             if blocked and os.environ.get("TUTOR_RUN_DIR"):
                 with open(os.path.join(os.environ["TUTOR_RUN_DIR"], "blocked"), "w") as f:
                     f.write(message)
+        end_torch()  # else torch's NCCL adds "destroy_process_group() was not called" to our one line
         MPI.Finalize()  # after Finalize, mpi4py exits with our code instead of calling MPI_Abort
         sys.exit(code)
+
+
+def end_torch():
+    """Destroy torch's process group if this process made one (collective: every rank, together)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def start(file, parser, argv=None, uses_torch=False):
@@ -200,8 +207,10 @@ def init_torch(ctx):
         torch.cuda.set_device(ctx.gpu)
         kwargs["device_id"] = torch.device("cuda", ctx.gpu)
         # eager init makes torch warn, once per rank, that unbatched send/recv are serialized with the
-        # group's other ops; the lessons that mean to overlap p2p use batch_isend_irecv
-        warnings.filterwarnings("ignore", message=".*unbatched P2P op")
+        # group's other ops (the lessons that mean to overlap p2p use batch_isend_irecv). It is C++'s
+        # TORCH_WARN_ONCE, past Python's warnings filter: ProcessGroupNCCL reads this variable when the
+        # group is made. A learner's own setting stands.
+        os.environ.setdefault("TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING", "0")
     elif ctx.single_node and os.path.isdir("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback
     dist.init_process_group("nccl" if ctx.device == "gpu" else "gloo", store=store,

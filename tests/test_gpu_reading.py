@@ -45,3 +45,74 @@ def test_lesson_10_keeps_fsdp_on_the_cpu_when_torch_says_it_has_cuda(monkeypatch
     said = capfd.readouterr()
     tail = "\n".join((said.out + said.err).splitlines()[-30:])
     assert engine.ok(outcome, checks) and checks and all(c["ok"] for c in checks), tail
+
+
+# ---- 3. torch's C++ warning about unbatched P2P ops ----------------------------------------------
+
+P2P_WARNING = "TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING"
+
+
+class OneRank:
+    """ctx.comm for a world of one: bcast hands back what it was given."""
+    rank, size = 0, 1
+
+    def bcast(self, value, root=0):
+        return value
+
+
+def nccl_start(monkeypatch):
+    """bootstrap.init_torch on a GPU run, torch's CUDA and NCCL stood in: the environment torch's
+    ProcessGroupNCCL would read when the group is made."""
+    import torch
+    import torch.distributed as dist
+    from common import bootstrap
+
+    class Store:
+        port = 12345
+
+        def __init__(self, *args, **kwargs):
+            pass
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
+    monkeypatch.setattr(dist, "TCPStore", Store)
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend, **kw: seen.update(backend=backend, value=os.environ.get(P2P_WARNING)))
+    ctx = bootstrap.Ctx(lesson="x", comm=OneRank(), rank=0, world_size=1, local_rank=0, local_size=1,
+                        host="h", api="torch", device="gpu", transport="nccl", why="", gpu=0)
+    bootstrap.init_torch(ctx)
+    return seen
+
+
+@pytest.mark.torch
+def test_the_p2p_serialization_warning_is_off_before_the_nccl_group_starts(monkeypatch):
+    """TORCH_WARN_ONCE in C++ passes Python's warnings filter: only the variable silences it."""
+    monkeypatch.setenv(P2P_WARNING, "")
+    monkeypatch.delenv(P2P_WARNING)  # registered, so the value init_torch sets is undone after the test
+    assert nccl_start(monkeypatch) == {"backend": "nccl", "value": "0"}
+
+
+@pytest.mark.torch
+def test_a_learner_who_wants_the_p2p_warning_keeps_it(monkeypatch):
+    monkeypatch.setenv(P2P_WARNING, "1")
+    assert nccl_start(monkeypatch)["value"] == "1"
+
+
+# ---- 5. a failed run ends torch's process group ------------------------------------------------
+
+FAIL_AFTER_TORCH = """
+import atexit, sys
+from common import bootstrap
+args, ctx = bootstrap.start("x.py", bootstrap.lesson_parser("x.py", ""), ["--api", "torch", "--device", "cpu"])
+import torch.distributed as dist
+atexit.register(lambda: print("group left at exit:", dist.is_initialized(), flush=True))
+ctx.fail("stop here")
+"""
+
+
+@pytest.mark.torch
+def test_ctx_fail_destroys_the_process_group_torch_started():
+    """On NCCL a group never destroyed adds torch's own warning after the kit's one line."""
+    said = subprocess.run([PYTHON, "-c", FAIL_AFTER_TORCH], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert said.returncode == 2 and said.stderr.strip() == "x: stop here", said.stdout + said.stderr
+    assert said.stdout.strip().splitlines()[-1] == "group left at exit: False", said.stdout
