@@ -81,7 +81,10 @@ def _probe_torch(local_rank):
     float((x * 2).sum())
     a = torch.ones(8, 8, device=f"cuda:{gpu}")
     float((a @ a)[0, 0])                                          # cuBLAS
-    return True, count, (gpu, str(torch.cuda.get_device_properties(gpu).uuid))
+    # the PCI bus id, as on the CuPy path: MIG slices of one GPU have UUIDs of their own but share it,
+    # and NCCL refuses two ranks on one bus id ("Duplicate GPU detected")
+    p = torch.cuda.get_device_properties(gpu)
+    return True, count, (gpu, f"{p.pci_domain_id:04X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0")
 
 
 PROBES = {"cupy": _probe_cupy, "torch": _probe_torch}

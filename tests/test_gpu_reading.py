@@ -116,3 +116,40 @@ def test_ctx_fail_destroys_the_process_group_torch_started():
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert said.returncode == 2 and said.stderr.strip() == "x: stop here", said.stdout + said.stderr
     assert said.stdout.strip().splitlines()[-1] == "group left at exit: False", said.stdout
+
+
+# ---- 4. MIG slices on the torch path -----------------------------------------------------------
+
+def mig_torch(monkeypatch):
+    """A torch that sees one MIG slice per process (CUDA_VISIBLE_DEVICES=MIG-<uuid>): the slice's own
+    UUID, and the PCI address of the GPU it is cut from, as CUDA reports both. NumPy does the math."""
+    import types
+
+    import numpy as np
+
+    def props(gpu):
+        return types.SimpleNamespace(uuid=os.environ["CUDA_VISIBLE_DEVICES"], pci_domain_id=0,
+                                     pci_bus_id=0x3B, pci_device_id=0)
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
+                                 get_device_properties=props)
+    dist = types.ModuleType("torch.distributed")
+    dist.is_nccl_available = lambda: True
+    torch = types.ModuleType("torch")
+    torch.__version__, torch.cuda, torch.distributed, torch.float32 = "2.13.0", cuda, dist, np.float32
+    torch.arange = lambda n, dtype, device: np.arange(n, dtype=dtype)
+    torch.ones = lambda *shape, device: np.ones(shape, dtype=np.float32)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+
+
+def test_two_ranks_on_slices_of_one_gpu_get_the_kits_refusal_on_torch(monkeypatch):
+    from common import devices
+    mig_torch(monkeypatch)
+    ids = []
+    for uuid in ("MIG-5c1f8e2a-0000-0000-0000-000000000001", "MIG-5c1f8e2a-0000-0000-0000-000000000002"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", uuid)
+        ok, why, gpu, gpu_id = devices.probe(devices.stacks("torch"), 0)
+        assert ok and gpu == 0, why
+        ids.append(gpu_id)
+    assert ids == ["0000:3B:00.0"] * 2
+    assert devices.shared(ids, 1).startswith("2 ranks on this node but 1 GPU(s): ranks 0 and 1 would share")
