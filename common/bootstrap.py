@@ -163,10 +163,10 @@ def choose_gpu(ctx, args, local, uses_torch):
     and the node's ranks compare which physical GPU each would drive: two on one is refused."""
     if args.device == "cpu":
         return False, "asked for --device cpu", 0
-    seen, why = local.bcast(devices.visible_gpus() if local.rank == 0 else None, root=0)
+    seen, why, gap = local.bcast(devices.node_gpus() if local.rank == 0 else None, root=0)
     ready = gpu_id = None
     if seen:
-        ready, why, ctx.gpu, gpu_id = devices.probe(devices.stacks(args.api, uses_torch), local.rank)
+        ready, why, ctx.gpu, gpu_id = devices.probe(devices.stacks(args.api, uses_torch), local.rank, gap)
     ids = local.allgather(gpu_id if ready else None)
     if ready and None not in ids:
         clash = devices.shared(ids, seen)

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import warnings
 
+from common import driver
+
 APIS = ("mpi4py", "torch")
 DEVICES = ("auto", "cpu", "gpu")
 TRANSPORT = {("mpi4py", "cpu"): "mpi", ("mpi4py", "gpu"): "nccl",
@@ -96,10 +98,27 @@ def stacks(api, uses_torch=False):
     return ("torch",) if api == "torch" else ("cupy", "torch") if uses_torch else ("cupy",)
 
 
-def probe(names, local_rank):
+def node_gpus():
+    """(GPUs seen, why, driver.gap's line or None): what one rank per node asks nvidia-smi."""
+    n, why = visible_gpus()
+    return n, why, driver.gap(driver.version(), driver.cuda_wheels()) if n else None
+
+
+def probe(names, local_rank, gap=None):
     """(ok, why, gpu, gpu_id): can this rank drive GPU local_rank % (GPUs it sees) through every stack
     in `names`? Runs what the lessons run (a kernel, a matmul, NCCL loading), not just the imports.
-    gpu_id names the physical GPU, so ranks of one node can tell whether they would share one."""
+    gpu_id names the physical GPU, so ranks of one node can tell whether they would share one.
+    gap: driver.gap's line for this node. The probe still runs (CUDA's forward-compatibility libraries
+    can make an old driver do), quietly (torch warns of the driver on every rank), and a failure is
+    told as that line, which says what to do, instead of CUDA's raw error."""
+    with warnings.catch_warnings():
+        if gap:
+            warnings.simplefilter("ignore")
+        ok, why, gpu, gpu_id = _probe(names, local_rank)
+    return ok, why if ok or not gap else gap, gpu, gpu_id
+
+
+def _probe(names, local_rank):
     gpu = gpu_id = None
     for name in names:
         try:
@@ -132,7 +151,7 @@ def gpu_ready(api, local_size=1, seen=None, uses_torch=False):
     n, why = seen or visible_gpus()
     if n == 0:
         return False, why
-    ok, why, _, _ = probe(stacks(api, uses_torch), 0)
+    ok, why, _, _ = probe(stacks(api, uses_torch), 0, driver.gap(driver.version(), driver.cuda_wheels()))
     if ok and local_size > n:
         return False, shared([0] * local_size, n)
     return ok, why

@@ -153,3 +153,83 @@ def test_two_ranks_on_slices_of_one_gpu_get_the_kits_refusal_on_torch(monkeypatc
         ids.append(gpu_id)
     assert ids == ["0000:3B:00.0"] * 2
     assert devices.shared(ids, 1).startswith("2 ranks on this node but 1 GPU(s): ranks 0 and 1 would share")
+
+
+# ---- 2. a driver older than the CUDA wheels need -----------------------------------------------
+
+@pytest.mark.parametrize("found, wheels, said", [
+    ("550.54.15", (13, ["cupy-cuda13x"]), "NVIDIA driver 550.54.15 is older than the 580.65.06 that CUDA 13 "
+     "(cupy-cuda13x) needs: update it, or set TUTOR_PYTHON to a Python with the site's CUDA 12 torch and CuPy"),
+    ("470.256.02", (13, ["cuda-toolkit", "cupy-cuda13x"]), "NVIDIA driver 470.256.02 is older than the "
+     "580.65.06 that CUDA 13 (cuda-toolkit, ...) needs: update it, or set TUTOR_PYTHON to a Python with the "
+     "site's CUDA 11 torch and CuPy"),
+    ("418.87", (12, ["nvidia-nccl-cu12"]), "NVIDIA driver 418.87 is older than the 525.60.13 that CUDA 12 "
+     "(nvidia-nccl-cu12) needs: update it"),
+    ("580.65.06", (13, ["cupy-cuda13x"]), None),
+    ("575.51.03", (12, ["cupy-cuda12x"]), None),
+    (None, (13, ["cupy-cuda13x"]), None),
+    ("550.54.15", None, None),
+])
+def test_the_driver_gap_names_the_minimum_and_the_way_out(found, wheels, said):
+    from common import driver
+    assert driver.gap(found, wheels) == said
+
+
+@pytest.mark.parametrize("installed, want", [
+    ([("torch", "2.13.0"), ("cuda-toolkit", "13.0.3"), ("nvidia-nccl-cu13", "2.29.7"), ("numpy", "2.4.6")],
+     (13, ["cuda-toolkit", "nvidia-nccl-cu13"])),
+    ([("torch", "2.5.1+cu121"), ("cupy-cuda12x", "13.3.0")], (12, ["cupy-cuda12x", "torch"])),
+    ([("torch", "2.7.0+cu118")], (11, ["torch"])),
+    ([("torch", "2.13.0+cpu"), ("numpy", "2.4.6")], None),
+])
+def test_the_cuda_major_is_read_from_the_installed_wheels(monkeypatch, installed, want):
+    import importlib.metadata
+    import types
+
+    from common import driver
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [
+        types.SimpleNamespace(metadata={"Name": name}, version=version) for name, version in installed])
+    assert driver.cuda_wheels() == want
+
+
+MPIEXEC = os.path.join(ROOT, ".venv", "bin", "mpiexec")
+
+
+def hello_on_old_driver(tmp_path, device):
+    from gpu_double import env
+    return subprocess.run([MPIEXEC, "-n", "2", PYTHON, "-m", "mpi4py", "lessons/00_hello.py", "--device", device],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, **env(tmp_path, driver="550.54.15")})
+
+
+def test_device_gpu_on_an_old_driver_is_refused_in_one_line_that_says_what_to_do(tmp_path):
+    """The double's CUDA fails as CUDA's does (cudaErrorInsufficientDriver); the kit says why and what
+    to do instead of passing CUDA's error on."""
+    proc = hello_on_old_driver(tmp_path, "gpu")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "00_hello: --device gpu: no usable GPU: NVIDIA driver 550.54.15 is older than the 580.65.06 that "
+        "CUDA 13 (cupy-cuda13x) needs: update it, or set TUTOR_PYTHON to a Python with the site's CUDA 12 "
+        "torch and CuPy"], proc.stderr
+
+
+def test_auto_on_an_old_driver_says_so_once_and_runs_on_the_cpu(tmp_path):
+    proc = hello_on_old_driver(tmp_path, "auto")
+    assert proc.returncode == 0 and "device cpu" in proc.stdout, proc.stdout + proc.stderr
+    notes = proc.stdout.split("\n[")[0]  # the note comes first, wrapped under itself
+    words = " ".join(notes.split())
+    assert words.startswith("note: GPUs were seen, but --device auto runs this on the CPU: NVIDIA driver "
+                            "550.54.15 is older than the 580.65.06") and "TUTOR_PYTHON" in words, proc.stdout
+    assert proc.stdout.count("note: GPUs were seen") == 1 and "cudaError" not in proc.stdout + proc.stderr
+
+
+def test_doctor_shows_the_driver_and_the_minimum_the_wheels_need(tmp_path):
+    from gpu_double import env
+    for found, want in (("550.54.15", "550.54.15 is older than the 580.65.06 that CUDA 13"),
+                        ("580.95.05", "580.95.05; CUDA 13 (cupy-cuda13x) needs 580.65.06 or newer")):
+        proc = subprocess.run([PYTHON, os.path.join(ROOT, "bin", "tutor"), "doctor"], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT, env={**os.environ, **env(tmp_path, driver=found)})
+        rows = proc.stdout.split("\n  ")
+        row = " ".join(next((r for r in rows if r.startswith("NVIDIA driver")), "").split())
+        assert row.startswith(f"NVIDIA driver {want}"), proc.stdout
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert max(len(x) for x in proc.stdout.splitlines()) <= 100

@@ -10,13 +10,13 @@ import sys
 import textwrap
 import time
 
-from common import devices
+from common import devices, driver
 from common.runner import launch
 
 
 def line(name, value):
     """One row, its value wrapped under itself so that no line passes 100 columns."""
-    print(textwrap.fill(f"  {name:<22} {value}", 100, subsequent_indent=" " * 25))
+    print(textwrap.fill(f"  {name:<22} {value}", 100, subsequent_indent=" " * 25, break_on_hyphens=False))
 
 
 def probe(name, fn):
@@ -136,10 +136,28 @@ def main():
     print("gpu")
     n, why = probe("GPUs visible", devices.visible_gpus) or (0, "not probed")
     line("GPUs visible", why)
+    gap = driver_section(n)
     print("--device auto will choose")
     for api in devices.APIS:
         ready, reason = probe(f"--api {api}", lambda: devices.gpu_ready(api, 1) if n else (False, why)) or \
             (False, "the probe failed")
+        if not ready and reason == gap:
+            reason = "the NVIDIA driver is too old (above)"
         line(f"--api {api}", f"{'gpu' if ready else 'cpu'}: {reason}" +
              (f" (up to {n} rank(s) per node)" if ready else ""))
     return 1 if problems else 0
+
+
+def driver_section(gpus):
+    """The NVIDIA driver's version and the oldest one the CUDA wheels here run on; returns the line
+    saying it is too old (what to do), or None."""
+    found = probe("NVIDIA driver", lambda: driver.version() if gpus else None)
+    wheels = probe("CUDA wheels", driver.cuda_wheels)
+    if not found and not wheels:
+        return None
+    gap = driver.gap(found, wheels)
+    need = (f"CUDA {wheels[0]} ({', '.join(wheels[1][:2])}{', ...' if len(wheels[1]) > 2 else ''}) needs "
+            f"{driver.DRIVER_FOR_CUDA[wheels[0]]} or newer") if wheels else "no CUDA wheels installed here"
+    line("NVIDIA driver", gap.removeprefix("NVIDIA driver ") if gap else
+         f"{found or ('none here' if not gpus else 'nvidia-smi did not say')}; {need}")
+    return gap

@@ -101,24 +101,38 @@ def build():
     return lib, names
 
 
+DRIVER = "580.95.05"  # the stand-in driver's version: new enough for CUDA 13 (R580)
+
+
 def fake_smi(folder, gpus):
-    """A folder holding an `nvidia-smi` that lists `gpus` double GPUs (the `-L` format)."""
+    """A folder holding an `nvidia-smi` for `gpus` double GPUs: `-L` lists them, and
+    `--query-gpu=driver_version --format=csv,noheader` says $TUTOR_GPU_DOUBLE_DRIVER once per GPU."""
     bindir = os.path.join(folder, f"gpu-double-bin-{gpus}")
     smi = os.path.join(bindir, "nvidia-smi")
-    if not os.path.exists(smi):
+    listing = "".join(f'  echo "GPU {i}: Double GPU (UUID: GPU-double-{i:04d})"\n' for i in range(gpus))
+    text = ('#!/bin/sh\ncase "$*" in\n*--query-gpu=driver_version*)\n' +
+            f'  for i in $(seq {gpus}); do echo "${{TUTOR_GPU_DOUBLE_DRIVER:-{DRIVER}}}"; done ;;\n' +
+            f"*)\n{listing}  ;;\nesac\n")
+    try:
+        with open(smi) as f:
+            current = f.read() == text
+    except OSError:
+        current = False
+    if not current:  # written anew when this recipe changes
         os.makedirs(bindir, exist_ok=True)
         tmp = f"{smi}.{os.getpid()}"
         with open(tmp, "w") as f:
-            f.write("#!/bin/sh\n" + "".join(f'echo "GPU {i}: Double GPU (UUID: GPU-double-{i:04d})"\n'
-                                            for i in range(gpus)))
+            f.write(text)
         os.chmod(tmp, 0o755)
         os.replace(tmp, smi)
     return bindir
 
 
-def env(workdir=None, gpus=8):
+def env(workdir=None, gpus=8, driver=DRIVER):
     """Environment variables (to lay over os.environ) that make a subprocess use the GPU double.
-    workdir: where the fake nvidia-smi and NCCL's rendezvous files go (default: the temp dir)."""
+    workdir: where the fake nvidia-smi and NCCL's rendezvous files go (default: the temp dir).
+    driver: the NVIDIA driver's version nvidia-smi reports; one too old for CUDA 13 makes the double's
+    CUDA calls fail as CUDA's do (cudaErrorInsufficientDriver)."""
     lib, names = build()
     work = os.path.abspath(str(workdir or tempfile.gettempdir()))
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -127,4 +141,5 @@ def env(workdir=None, gpus=8):
             "TUTOR_GPU_DOUBLE_LIBNCCL": lib,
             "TUTOR_GPU_DOUBLE_NAMES": names,
             "TUTOR_GPU_DOUBLE_GPUS": str(gpus),
+            "TUTOR_GPU_DOUBLE_DRIVER": driver,
             "TUTOR_GPU_DOUBLE_RUNDIR": work}

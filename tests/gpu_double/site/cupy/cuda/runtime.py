@@ -12,7 +12,9 @@ try:  # the real error class, so messages read as CuPy's do ("cudaErrorInvalidDe
     from cupy_backends.cuda.api.runtime import CUDARuntimeError
 except ImportError:  # pragma: no cover - the real CuPy is there whenever the double is used
     class CUDARuntimeError(RuntimeError):
-        NAMES = {100: "cudaErrorNoDevice: no CUDA-capable device is detected",
+        NAMES = {35: "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime "
+                     "version",
+                 100: "cudaErrorNoDevice: no CUDA-capable device is detected",
                  101: "cudaErrorInvalidDevice: invalid device ordinal"}
 
         def __init__(self, status):
@@ -39,7 +41,28 @@ def _visible():
     return seen
 
 
+# the newest CUDA each driver branch runs (nvidia-smi's "CUDA Version"), newest first
+_DRIVER_CUDA = ((580, 13000), (570, 12080), (550, 12040), (525, 12000), (0, 11080))
+
+
+def driverGetVersion():
+    """The newest CUDA the stand-in driver (TUTOR_GPU_DOUBLE_DRIVER, as nvidia-smi says it) runs."""
+    branch = int(os.environ.get("TUTOR_GPU_DOUBLE_DRIVER", "580.95.05").split(".")[0])
+    return next(cuda for least, cuda in _DRIVER_CUDA if branch >= least)
+
+
+def runtimeGetVersion():
+    return 13000  # the double stands in for cupy-cuda13x
+
+
+def _driver_suffices():
+    """CUDA's minor-version compatibility: any driver of the runtime's major will do, an older one not."""
+    if driverGetVersion() // 1000 < runtimeGetVersion() // 1000:
+        raise CUDARuntimeError(35)  # cudaErrorInsufficientDriver
+
+
 def _physical(device):
+    _driver_suffices()
     visible = _visible()
     if not isinstance(device, int) or not 0 <= device < len(visible):
         raise CUDARuntimeError(101)  # cudaErrorInvalidDevice
@@ -47,6 +70,7 @@ def _physical(device):
 
 
 def getDeviceCount():
+    _driver_suffices()
     n = len(_visible())
     if n == 0:
         raise CUDARuntimeError(100)  # cudaErrorNoDevice, as CUDA says when it sees none
@@ -79,11 +103,3 @@ def deviceSynchronize():
 
 def __getattr__(name):
     raise AttributeError(f"module 'cupy.cuda.runtime' (GPU double) has no attribute {name!r}")
-
-
-def runtimeGetVersion():
-    return 12080
-
-
-def driverGetVersion():
-    return 12080
