@@ -279,6 +279,15 @@ def measure_overlap(ctx, count, repeat, modes, slices=None):
 CONTROL, D_MODE = "(a) blocking, then compute (control)", "(d) (b) with MPICH async progress"
 
 
+def d_not_here(ctx):
+    """Why mode (d) does not run on this transport (None where it runs: MPI)."""
+    if ctx.transport == "gloo":
+        return "n/a: MPICH's progress thread is for MPI; gloo moves p2p on its own threads"
+    if ctx.transport == "nccl":  # on either API
+        return "n/a: MPICH's progress thread does not drive NCCL's kernels"
+    return None
+
+
 def overlap_of(t, t_comm, t_comp):
     """Share of the shorter part hidden behind the longer: 0 none, 1 all."""
     return (t_comm + t_comp - t) / min(t_comm, t_comp)
@@ -341,9 +350,7 @@ def main():
     report.section(ctx, f"3. overlap: exchange {args.big * 8} B with each neighbour while computing, "
                         f"median of {args.repeat}")
     times, slices = measure_overlap(ctx, args.big, args.repeat, modes)
-    d_reason = "n/a: MPICH's progress thread is for MPI; gloo moves p2p on its own threads" \
-        if ctx.api == "torch" else "n/a: MPICH's progress thread does not drive NCCL's kernels" \
-        if ctx.device == "gpu" else None
+    d_reason = d_not_here(ctx)
     child = None
     if d_reason is None:
         child, d_reason = async_progress_run(ctx, args, slices)

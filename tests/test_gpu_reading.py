@@ -233,3 +233,19 @@ def test_doctor_shows_the_driver_and_the_minimum_the_wheels_need(tmp_path):
         assert row.startswith(f"NVIDIA driver {want}"), proc.stdout
         assert "Traceback" not in proc.stdout + proc.stderr
         assert max(len(x) for x in proc.stdout.splitlines()) <= 100
+
+
+# ---- 6. lesson 02's mode (d), said for the transport that ran ----------------------------------
+
+@pytest.mark.parametrize("api, device, transport, said", [
+    ("torch", "gpu", "nccl", "n/a: MPICH's progress thread does not drive NCCL's kernels"),
+    ("mpi4py", "gpu", "nccl", "n/a: MPICH's progress thread does not drive NCCL's kernels"),
+    ("torch", "cpu", "gloo", "n/a: MPICH's progress thread is for MPI; gloo moves p2p on its own threads"),
+    ("mpi4py", "cpu", "mpi", None),
+])
+def test_lesson_02_says_why_d_did_not_run_for_the_transport_that_ran(api, device, transport, said):
+    import types
+
+    from conftest import load_lesson
+    two = load_lesson("02_isend_irecv.py")
+    assert two.d_not_here(types.SimpleNamespace(api=api, device=device, transport=transport)) == said
