@@ -201,10 +201,11 @@ class PeakBytes:
 
 class Wire:
     """The payload bytes this rank's schedule sends and receives, counted as each call is made (what
-    crosses the wire, headers aside), around common.p2p's group of sends and receives."""
+    crosses the wire, headers aside), around common.p2p's group of sends and receives. `be`: a backend
+    made before (making one on torch + NCCL runs an all-reduce: never inside a timed region)."""
 
-    def __init__(self, ctx):
-        self.be, self.sent, self.received = p2p.backend(ctx), 0, 0
+    def __init__(self, ctx, be=None):
+        self.be, self.sent, self.received = be or p2p.backend(ctx), 0, 0
 
     def group(self, sends, recvs):
         self.sent += sum(buffers.nbytes(b) for b, _ in sends)
@@ -356,7 +357,7 @@ def main():
         err = float(np.max(np.abs(mine - want), initial=0)) if mine.size == want.size else float("inf")
         assert ctx.comm.allreduce(wire.sent) == ctx.comm.allreduce(wire.received), \
             f"{name}: the bytes sent and the bytes received by all ranks differ"
-        secs = median_time(ctx, args.reps, lambda: way(ctx, Wire(ctx), data, big, root, meter))
+        secs = median_time(ctx, args.reps, lambda: way(ctx, Wire(ctx, wire.be), data, big, root, meter))
         results[name] = {"sent_B": wire.sent, "recv_B": wire.received, "peak_B": peak, "err": err,
                          "time_us": 1e6 * secs}
     library_us = {"bcast+slice": 1e6 * median_time(

@@ -249,3 +249,25 @@ def test_lesson_02_says_why_d_did_not_run_for_the_transport_that_ran(api, device
     from conftest import load_lesson
     two = load_lesson("02_isend_irecv.py")
     assert two.d_not_here(types.SimpleNamespace(api=api, device=device, transport=transport)) == said
+
+
+# ---- 7. lesson 03 builds its p2p backend outside the clock -------------------------------------
+
+COUNT_BACKENDS = """
+import atexit, runpy, sys
+from common import p2p
+made, real = [], p2p.backend
+p2p.backend = lambda ctx: made.append(1) or real(ctx)
+atexit.register(lambda: print("backends made:", len(made), flush=True))
+sys.argv = ["lessons/03_broadcast_scatter.py", "--reps", "3"]
+runpy.run_path("lessons/03_broadcast_scatter.py", run_name="__main__")
+"""
+
+
+def test_lesson_03_times_its_repetitions_on_one_backend_made_before_the_clock():
+    """torch + NCCL's backend runs an all-reduce when it is made: made per repetition, that ran inside
+    the timed region. One backend per way (bcast+slice, scatter), however many repetitions."""
+    proc = subprocess.run([MPIEXEC, "-n", "2", PYTHON, "-c", COUNT_BACKENDS], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [x for x in proc.stdout.splitlines() if x.startswith("backends made")] == ["backends made: 2"] * 2
