@@ -234,6 +234,15 @@ def reasons(ctx, model, walk, mrows, algos):
     return out
 
 
+def alpha_note(ctx):
+    """What a ping-pong round trip holds besides the transport's latency, where that is a lot (NCCL)."""
+    if ctx.transport == "nccl":
+        return ("on NCCL each round trip timed here is two group launches from the host (the ping's send, "
+                "the pong's receive) and a device sync before rank 0 reads its clock: alpha, half a round "
+                "trip, holds one launch and half a sync besides NCCL's own latency")
+    return None
+
+
 def show_model(ctx, args, model, mrows, walk):
     a, b, g = model["alpha"], model["beta"], model["gamma"]
     report.section(ctx, "2. the alpha-beta model, measured on this machine")
@@ -243,6 +252,8 @@ def show_model(ctx, args, model, mrows, walk):
     print(wrapped(f"alpha = least half RTT of the sizes <= {SMALL} B = {a * 1e6:.2f} us; beta = least-squares "
                   f"slope over >= 64 KiB = {b * 1e12:.1f} ps/B ({1e-9 / b if b > 0 else 0:.2f} GB/s); gamma = "
                   f"dst += src on 1 MiB, every rank at once = {g * 1e12:.1f} ps/B"))
+    if alpha_note(ctx):
+        print(wrapped(alpha_note(ctx)))
     print(wrapped(f"measured: best of {BATCHES} interleaved batches of time_op (slowest rank's mean); pred: the "
                   "docstring's formulas with these alpha, beta, gamma (dbt: read off its schedule, k per row); "
                   f"all talking: the same with alpha and beta measured while every rank talks at once (a "

@@ -271,3 +271,26 @@ def test_lesson_03_times_its_repetitions_on_one_backend_made_before_the_clock():
                           timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [x for x in proc.stdout.splitlines() if x.startswith("backends made")] == ["backends made: 2"] * 2
+
+
+# ---- 8. lesson 07's alpha on NCCL --------------------------------------------------------------
+
+@pytest.mark.parametrize("transport", ["mpi", "gloo"])
+def test_lesson_07_says_nothing_of_group_launches_off_nccl(transport):
+    import types
+
+    from lessons import zoo_model
+    assert zoo_model.alpha_note(types.SimpleNamespace(transport=transport)) is None
+
+
+def test_lesson_07_says_what_its_alpha_holds_on_nccl(tmp_path):
+    """Under the GPU double (mpi4py + NCCL): the note prints once, right under the line reading alpha."""
+    from gpu_double import env
+    proc = subprocess.run([PYTHON, os.path.join(ROOT, "bin", "tutor"), "run", "07", "-n", "2", "--device", "gpu"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, **env(tmp_path)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    words = " ".join(proc.stdout.split())
+    note = ("on NCCL each round trip timed here is two group launches from the host (the ping's send, the "
+            "pong's receive) and a device sync before rank 0 reads its clock: alpha, half a round trip, holds "
+            "one launch and half a sync besides NCCL's own latency")
+    assert words.count(note) == 1 and words.index("alpha = least half RTT") < words.index(note), proc.stdout
