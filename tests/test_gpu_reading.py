@@ -16,6 +16,7 @@ from conftest import ROOT
 ACCELERATOR = os.path.join(ROOT, "tests", "gpu_double", "accelerator")
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 PYTHON = PYTHON if os.path.exists(PYTHON) else sys.executable
+MPIEXEC = os.path.join(ROOT, ".venv", "bin", "mpiexec")
 
 
 def lesson(number):
@@ -102,7 +103,8 @@ def test_a_learner_who_wants_the_p2p_warning_keeps_it(monkeypatch):
 FAIL_AFTER_TORCH = """
 import atexit, sys
 from common import bootstrap
-args, ctx = bootstrap.start("x.py", bootstrap.lesson_parser("x.py", ""), ["--api", "torch", "--device", "cpu"])
+parser = bootstrap.lesson_parser("x.py", "")
+args, ctx = bootstrap.start("x.py", parser, ["--api", "torch", "--device", "cpu"])
 import torch.distributed as dist
 atexit.register(lambda: print("group left at exit:", dist.is_initialized(), flush=True))
 ctx.fail("stop here")
@@ -159,7 +161,8 @@ def test_two_ranks_on_slices_of_one_gpu_get_the_kits_refusal_on_torch(monkeypatc
 
 @pytest.mark.parametrize("found, wheels, said", [
     ("550.54.15", (13, ["cupy-cuda13x"]), "NVIDIA driver 550.54.15 is older than the 580.65.06 that CUDA 13 "
-     "(cupy-cuda13x) needs: update it, or set TUTOR_PYTHON to a Python with the site's CUDA 12 torch and CuPy"),
+     "(cupy-cuda13x) needs: update it, or set TUTOR_PYTHON to a Python with the site's CUDA 12 torch and "
+     "CuPy"),
     ("470.256.02", (13, ["cuda-toolkit", "cupy-cuda13x"]), "NVIDIA driver 470.256.02 is older than the "
      "580.65.06 that CUDA 13 (cuda-toolkit, ...) needs: update it, or set TUTOR_PYTHON to a Python with the "
      "site's CUDA 11 torch and CuPy"),
@@ -192,13 +195,10 @@ def test_the_cuda_major_is_read_from_the_installed_wheels(monkeypatch, installed
     assert driver.cuda_wheels() == want
 
 
-MPIEXEC = os.path.join(ROOT, ".venv", "bin", "mpiexec")
-
-
 def hello_on_old_driver(tmp_path, device):
     from gpu_double import env
-    return subprocess.run([MPIEXEC, "-n", "2", PYTHON, "-m", "mpi4py", "lessons/00_hello.py", "--device", device],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+    hello = [MPIEXEC, "-n", "2", PYTHON, "-m", "mpi4py", "lessons/00_hello.py", "--device", device]
+    return subprocess.run(hello, capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, **env(tmp_path, driver="550.54.15")})
 
 
@@ -227,7 +227,8 @@ def test_doctor_shows_the_driver_and_the_minimum_the_wheels_need(tmp_path):
     for found, want in (("550.54.15", "550.54.15 is older than the 580.65.06 that CUDA 13"),
                         ("580.95.05", "580.95.05; CUDA 13 (cupy-cuda13x) needs 580.65.06 or newer")):
         proc = subprocess.run([PYTHON, os.path.join(ROOT, "bin", "tutor"), "doctor"], capture_output=True,
-                              text=True, timeout=120, cwd=ROOT, env={**os.environ, **env(tmp_path, driver=found)})
+                              text=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, **env(tmp_path, driver=found)})
         rows = proc.stdout.split("\n  ")
         row = " ".join(next((r for r in rows if r.startswith("NVIDIA driver")), "").split())
         assert row.startswith(f"NVIDIA driver {want}"), proc.stdout
@@ -286,11 +287,12 @@ def test_lesson_07_says_nothing_of_group_launches_off_nccl(transport):
 def test_lesson_07_says_what_its_alpha_holds_on_nccl(tmp_path):
     """Under the GPU double (mpi4py + NCCL): the note prints once, right under the line reading alpha."""
     from gpu_double import env
-    proc = subprocess.run([PYTHON, os.path.join(ROOT, "bin", "tutor"), "run", "07", "-n", "2", "--device", "gpu"],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, **env(tmp_path)})
+    run = [PYTHON, os.path.join(ROOT, "bin", "tutor"), "run", "07", "-n", "2", "--device", "gpu"]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          env={**os.environ, **env(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
     words = " ".join(proc.stdout.split())
     note = ("on NCCL each round trip timed here is two group launches from the host (the ping's send, the "
-            "pong's receive) and a device sync before rank 0 reads its clock: alpha, half a round trip, holds "
-            "one launch and half a sync besides NCCL's own latency")
+            "pong's receive) and a device sync before rank 0 reads its clock: alpha, half a round trip, "
+            "holds one launch and half a sync besides NCCL's own latency")
     assert words.count(note) == 1 and words.index("alpha = least half RTT") < words.index(note), proc.stdout
