@@ -104,14 +104,15 @@ def test_lesson_refuses_gpu_itself_when_launched_by_hand():
 def test_one_gpu_probe_per_node_not_per_rank(tmp_path):
     calls = tmp_path / "calls"
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\n")
+    smi.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\n")
     smi.chmod(0o755)
     cmd = [os.path.join(ROOT, ".venv/bin/mpiexec"), "-n", "3", sys.executable, "-m", "mpi4py",
            os.path.join(FIXTURES, "01_pass.py"), "--device", "gpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     one_line_error(proc, "01_pass: --device gpu: no usable GPU: ")  # each rank then probed its own stack
-    assert calls.read_text().count("x") == 1  # local rank 0 asked and told the node's other ranks
+    # local rank 0 asked (the listing, then the driver's version) and told the node's other ranks
+    assert calls.read_text().splitlines() == ["-L", "--query-gpu=driver_version --format=csv,noheader"]
 
 
 @pytest.mark.parametrize("count", ["-5", "many"])
