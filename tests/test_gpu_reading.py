@@ -296,3 +296,23 @@ def test_lesson_07_says_what_its_alpha_holds_on_nccl(tmp_path):
             "pong's receive) and a device sync before rank 0 reads its clock: alpha, half a round trip, "
             "holds one launch and half a sync besides NCCL's own latency")
     assert words.count(note) == 1 and words.index("alpha = least half RTT") < words.index(note), proc.stdout
+
+
+def test_the_torch_probe_on_an_old_driver_is_quiet_and_says_what_to_do(monkeypatch, recwarn):
+    """A CUDA torch on an R550 driver: is_available() warns (once per rank) and answers False."""
+    import types
+    import warnings
+
+    from common import devices
+
+    def too_old():
+        warnings.warn("CUDA initialization: The NVIDIA driver on your system is too old (found version 12040)")
+        return False
+    torch = types.ModuleType("torch")
+    torch.__version__, torch.cuda = "2.13.0", types.SimpleNamespace(is_available=too_old)
+    torch.distributed = types.ModuleType("torch.distributed")
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", torch.distributed)
+    gap = "NVIDIA driver 550.54.15 is older than the 580.65.06 that CUDA 13 (torch) needs: update it"
+    assert devices.probe(("torch",), 0, gap)[:2] == (False, gap) and not recwarn.list
+    assert devices.probe(("torch",), 0)[1].startswith("torch 2.13.0 cannot use CUDA") and recwarn.list
