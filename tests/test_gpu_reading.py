@@ -5,6 +5,7 @@ C++ P2P warning, and a failed run that leaves torch's process group behind.
 torch's side is reached by telling torch things about CUDA (tests/gpu_double/accelerator, a
 sitecustomize for the ranks; monkeypatched torch in this process); the mpi4py side by the GPU double."""
 import os
+import re
 import subprocess
 import sys
 
@@ -223,17 +224,32 @@ def test_auto_on_an_old_driver_says_so_once_and_runs_on_the_cpu(tmp_path):
 
 
 def test_doctor_shows_the_driver_and_the_minimum_the_wheels_need(tmp_path):
+    """The whole doctor on an R550 node: the driver's row says what to do, the choices point at it."""
     from gpu_double import env
-    for found, want in (("550.54.15", "550.54.15 is older than the 580.65.06 that CUDA 13"),
-                        ("580.95.05", "580.95.05; CUDA 13 (cupy-cuda13x) needs 580.65.06 or newer")):
-        proc = subprocess.run([PYTHON, os.path.join(ROOT, "bin", "tutor"), "doctor"], capture_output=True,
-                              text=True, timeout=120, cwd=ROOT,
-                              env={**os.environ, **env(tmp_path, driver=found)})
-        rows = proc.stdout.split("\n  ")
-        row = " ".join(next((r for r in rows if r.startswith("NVIDIA driver")), "").split())
-        assert row.startswith(f"NVIDIA driver {want}"), proc.stdout
-        assert "Traceback" not in proc.stdout + proc.stderr
-        assert max(len(x) for x in proc.stdout.splitlines()) <= 100
+    proc = subprocess.run([PYTHON, os.path.join(ROOT, "bin", "tutor"), "doctor"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, **env(tmp_path, driver="550.54.15")})
+    rows = [" ".join(r.split()) for r in re.split(r"\n(?:  )?(?=\S)", proc.stdout)]  # rows, wrapped under
+    # themselves, and section titles
+    assert "NVIDIA driver 550.54.15 is older than the 580.65.06 that CUDA 13 (cupy-cuda13x) needs: update " \
+           "it, or set TUTOR_PYTHON to a Python with the site's CUDA 12 torch and CuPy" in rows, proc.stdout
+    assert [r for r in rows if r.startswith("--api")] == [
+        "--api mpi4py cpu: the NVIDIA driver is too old (above)",
+        "--api torch cpu: the NVIDIA driver is too old (above)"], proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert max(len(x) for x in proc.stdout.splitlines()) <= 100
+
+
+@pytest.mark.parametrize("gpus, found, row", [
+    (8, "580.95.05", "580.95.05; CUDA 13 (cupy-cuda13x) needs 580.65.06 or newer"),
+    (0, None, "none here; CUDA 13 (cupy-cuda13x) needs 580.65.06 or newer"),
+])
+def test_doctor_shows_a_new_enough_driver_beside_the_minimum(monkeypatch, capsys, gpus, found, row):
+    from common import driver
+    from common.runner import doctor
+    monkeypatch.setattr(driver, "version", lambda: found)
+    monkeypatch.setattr(driver, "cuda_wheels", lambda: (13, ["cupy-cuda13x"]))
+    assert doctor.driver_section(gpus) is None
+    assert capsys.readouterr().out.split() == ["NVIDIA", "driver", *row.split()]
 
 
 # ---- 6. lesson 02's mode (d), said for the transport that ran ----------------------------------
