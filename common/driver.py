@@ -6,7 +6,9 @@ import shutil
 import subprocess
 
 # the oldest Linux driver each CUDA major runs on (NVIDIA's CUDA release notes, minor version
-# compatibility): a CUDA 13 wheel needs R580, and many clusters still run R550 (CUDA 12)
+# compatibility): a CUDA 13 wheel needs R580, and many clusters still run R550 (CUDA 12). The majors'
+# floors (>= 580, >= 525, >= 450) are NVIDIA's table at
+# https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html
 DRIVER_FOR_CUDA = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
 
