@@ -6,13 +6,16 @@
                                         replaced only if empty or an earlier one of the same kind the
                                         tutor wrote. Written whole or not at all (temp file, rename).
   .tutor/progress.json                  read-modify-write under a lock; a damaged file is kept aside.
-  practice/NN_name.py                   a copy being replaced is kept under the first free .bak name.
+  practice/NN_name.py                   the new copy is written first, then the one it replaces is kept
+                                        under the first free .bak name (a full disk changes nothing).
 """
 import fcntl
 import os
+import tempfile
 from contextlib import contextmanager
 
 from common import guard
+from common.runner.terminal import path_shown
 from common.guard import JUNIT_HEAD, is_junit, is_results_json  # noqa: F401 (used via files.)
 
 KINDS = {"--json": "results JSON", "--junit": "JUnit report"}
@@ -77,6 +80,43 @@ def keep_aside(path, suffix):
         os.unlink(path)
         return aside
     raise FileError(f"{path}: too many earlier copies beside it ({suffix}...); tidy them up first")
+
+
+def replace_keeping(path, text, keep):
+    """Write `text` to `path` whole; with `keep`, the file there is first kept aside (keep_aside,
+    '.bak'). The new text is written beside it before anything moves, so a full disk fails there and
+    changes nothing; a rename needs no space. Returns the kept name or None; FileError (one line)."""
+    folder, staged, backup = os.path.dirname(os.path.abspath(path)), None, None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, staged = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", dir=folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(staged, 0o644)
+        if keep:
+            backup = keep_aside(path, ".bak")
+        os.replace(staged, path)
+    except (OSError, FileError) as exc:
+        if staged and os.path.exists(staged):
+            os.unlink(staged)
+        if backup and not os.path.exists(path):
+            os.rename(backup, path)
+        raise FileError(f"{path_shown(path)}: could not write the new copy "
+                        f"({getattr(exc, 'strerror', None) or exc}); nothing was changed") from None
+    return backup
+
+
+def writable(folder):
+    """True when `folder` (or, not made yet, the nearest folder above it) takes a new file."""
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:  # the only sure test (permissions, read-only mounts, root or not)
+        fd, probe = tempfile.mkstemp(prefix=".tutor-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+        return True
+    except OSError:
+        return False
 
 
 @contextmanager

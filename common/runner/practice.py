@@ -3,7 +3,6 @@ file behind them is common/runner/progress.py's."""
 import glob
 import os
 import re
-import tempfile
 
 from common.runner import files, grading
 from common.runner.catalog import ROOT
@@ -32,35 +31,17 @@ def write_copy(lesson, force=False):
     stub = make_stub(text, lesson.id, os.path.relpath(lesson.path))
     writable(os.path.dirname(path), "TUTOR_PRACTICE")
     writable(os.path.dirname(progress_path()), "TUTOR_STATE")
+    untouched = False
     if os.path.exists(path):
         if not force:
             raise PracticeError(f"{path_shown(path)} exists (your work): edit it, or start over with "
                                 f"`bin/tutor practice {lesson.id} --force`")
         with open(path) as f:
             untouched = f.read() == stub
-    staged = None
-    try:  # the new copy is written whole beside the old one first: a full disk fails here, changing nothing
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, staged = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", dir=os.path.dirname(path))
-        with os.fdopen(fd, "w") as f:
-            f.write(stub)
-    except OSError as exc:
-        if staged:
-            os.unlink(staged)
-        raise PracticeError(f"{path_shown(path)}: could not write the new copy ({exc.strerror}); "
-                            "nothing was changed") from None
-    try:
-        if os.path.exists(path) and not untouched:  # every earlier copy is kept: .bak, .bak2, ...
-            backup = files.keep_aside(path, ".bak")
-        os.chmod(staged, 0o644)
-        os.replace(staged, path)  # a rename: needs no space
-    except (OSError, files.FileError) as exc:
-        if os.path.exists(staged):
-            os.unlink(staged)
-        if backup and not os.path.exists(path):
-            os.rename(backup, path)
-        raise PracticeError(f"{path_shown(path)}: could not keep your copy aside "
-                            f"({getattr(exc, 'strerror', None) or exc}); nothing was changed") from None
+    try:  # the new copy is written first, then the old one kept aside: a full disk changes nothing
+        backup = files.replace_keeping(path, stub, keep=os.path.exists(path) and not untouched)
+    except files.FileError as exc:
+        raise PracticeError(str(exc)) from None
     update(lesson, state="in progress")
     return path, regions, backup
 
@@ -68,22 +49,9 @@ def write_copy(lesson, force=False):
 def writable(folder, variable):
     """PracticeError (one line, before anything is done) when `folder` cannot take files, naming it
     and the way out: the variable that puts that folder elsewhere."""
-    probe = folder
-    while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)  # a folder not made yet: the nearest one that exists
-    if not os.access(probe, os.W_OK) or _read_only(probe):
+    if not files.writable(folder):
         raise PracticeError(f"{path_shown(folder)} is not writable: make it writable, or set {variable} to "
                             f"a folder of yours (e.g. {variable}=~/tutor-{variable.split('_')[1].lower()})")
-
-
-def _read_only(folder):
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".tutor-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-        return False
-    except OSError:
-        return True
 
 
 def state(lesson):
