@@ -77,7 +77,9 @@ def ours(full, kind):
         return False
     if os.path.getsize(full) == 0 or KNOWN.get(kind, lambda p: False)(full):
         return True
-    return _ledger().get(os.path.realpath(full)) == [kind, *_fingerprint(full)]
+    noted = _ledger().get(os.path.realpath(full))
+    return (isinstance(noted, list) and noted[:2] == [kind, os.path.getsize(full)]
+            and noted == [kind, *_fingerprint(full)])  # the size first: a big file is read only if it may match
 
 
 def write(path, data, kind, flag=None):
