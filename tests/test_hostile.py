@@ -110,13 +110,15 @@ def test_an_empty_file_name_is_refused(args):
 
 
 @namespaced
-def test_json_that_fails_on_a_full_disk_still_gives_the_verdict(tmp_path):
+@pytest.mark.parametrize("command, verdict", [("run 1 -n 2 --json {d}/out.json", "PASS  01_pass"),
+                                              ("check 1 --junit {d}/junit.xml", "2 passed, 0 failed")])
+def test_a_results_file_that_fails_on_a_full_disk_still_gives_the_verdict(tmp_path, command, verdict):
     d = tmp_path / "full"
     d.mkdir()
     proc = in_namespace(f"mount -t tmpfs -o size=32k none {d} && {FILL.format(d=d)}; "
-                        f"$TUTOR run 1 -n 2 --json {d}/out.json", env=FIX)
+                        f"$TUTOR {command.format(d=d)}", env=FIX)
     assert proc.returncode == 5, proc.stdout + proc.stderr
-    assert "PASS  01_pass" in proc.stdout and "Traceback" not in proc.stderr
+    assert verdict in proc.stdout and "Traceback" not in proc.stderr
     assert "warning" in proc.stderr and "No space left" in proc.stderr and "usage" not in proc.stderr
 
 
