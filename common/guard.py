@@ -62,12 +62,19 @@ def refusal(path, kind):
         return f"{path}: no such folder {os.path.dirname(path) or folder} (the tutor makes none)"
     if os.path.lexists(full) and not ours(full, kind):
         return f"{path}: exists and is not a {kind} the tutor wrote; left alone"
-    try:  # the only sure test of "can I write there" (permissions, read-only mounts, root or not)
+    why = cannot_create(folder)
+    return f"{path}: cannot write there ({why})" if why else None
+
+
+def cannot_create(folder):
+    """Why no new file can be made in `folder` (its strerror), or None. A file made and removed is the
+    only sure test (permissions, read-only mounts, root or not)."""
+    try:
         fd, probe = tempfile.mkstemp(prefix=".tutor-probe-", dir=folder)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        return f"{path}: cannot write there ({exc.strerror})"
+        return exc.strerror or str(exc)
     return None
 
 

@@ -110,13 +110,7 @@ def writable(folder):
     """True when `folder` (or, not made yet, the nearest folder above it) takes a new file."""
     while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)
-    try:  # the only sure test (permissions, read-only mounts, root or not)
-        fd, probe = tempfile.mkstemp(prefix=".tutor-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-        return True
-    except OSError:
-        return False
+    return guard.cannot_create(folder) is None
 
 
 @contextmanager
