@@ -104,8 +104,8 @@ def mine_or_fail(lesson):
     """The learner's copy of `lesson`, or PracticeError saying how to make one."""
     path = copy_path(lesson)
     if not os.path.exists(path):
-        kept = sorted((p for p in glob.glob(glob.escape(path) + ".bak*") if re.fullmatch(r"\.bak\d*", p[len(path):])),
-                      key=os.path.getmtime)
+        kept = [p for p in glob.glob(glob.escape(path) + ".bak*") if re.fullmatch(r"\.bak\d*", p[len(path):])]
+        kept.sort(key=os.path.getmtime)  # the newest last
         if kept:
             raise PracticeError(f"no practice copy of {lesson.name}, but your earlier one is kept as "
                                 f"{path_shown(kept[-1])}: `mv {path_shown(kept[-1])} {path_shown(path)}` brings "
