@@ -22,7 +22,7 @@ from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 from test_practice import PRACTICE_FIXTURES
 from test_robust import one_line_error
 
-pytestmark = pytest.mark.xdist_group("fixture_processes")
+# no xdist_group: processes_running() and the marks count only this worker's own processes
 FIX = {"TUTOR_LESSONS": FIXTURES}
 LESSON_05 = os.path.join(ROOT, "lessons", "05_ring_allreduce.py")
 
