@@ -2,11 +2,14 @@
 
 No test module initialises MPI in the pytest process: every MPI run is a subprocess under mpiexec.
 """
+import atexit
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -18,6 +21,10 @@ sys.path.insert(0, ROOT)
 # ranks inherit it): processes_running() counts only those, so two suites on one machine never see
 # each other's runs. Each pytest-xdist worker makes its own.
 SESSION = os.environ["TUTOR_TEST_SESSION"] = f"{os.getpid()}-{os.urandom(6).hex()}"
+# progress and the ledger of written files go to a folder of the suite's own, never the learner's .tutor/
+if not os.environ.get("TUTOR_STATE"):
+    os.environ["TUTOR_STATE"] = tempfile.mkdtemp(prefix="tutor-test-state-")
+    atexit.register(shutil.rmtree, os.environ["TUTOR_STATE"], True)
 
 
 def load_lesson(filename):

@@ -212,8 +212,8 @@ def _states(mark):
     return out
 
 
-def _hung(mark, *args):
-    env = {**os.environ, **FIX, "TUTOR_TEST_MARK": mark}
+def _hung(mark, *args, tmpdir=None):
+    env = {**os.environ, **FIX, "TUTOR_TEST_MARK": mark, **({"TMPDIR": str(tmpdir)} if tmpdir else {})}
     proc = subprocess.Popen([sys.executable, TUTOR, "run", "4", "-n", "2", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
@@ -252,18 +252,23 @@ def test_ctrl_z_stops_the_run_with_the_runner_and_fg_continues_it():
     assert "T" not in going.values(), going
 
 
-def test_a_rank_stopped_with_sigstop_is_named_in_the_timeout_report():
+def test_a_rank_stopped_with_sigstop_is_named_in_the_timeout_report(tmp_path):
     mark = uuid.uuid4().hex
-    proc = _hung(mark, "--timeout", "4")
-    ranks = [p for p in processes_running(mark=mark) if "04_hang.py" in open(f"/proc/{p}/cmdline").read()
-             and "mpiexec" not in open(f"/proc/{p}/cmdline").read()]
+    proc = _hung(mark, "--timeout", "15", tmpdir=tmp_path)
     try:
-        os.kill(max(ranks), signal.SIGSTOP)
+        pid_file, deadline = None, time.monotonic() + 12
+        while not pid_file and time.monotonic() < deadline:  # rank 1 has joined MPI: it wrote its pid
+            pid_file = next(iter(tmp_path.glob("tutor-run-*/rank1.pid")), None)
+            time.sleep(0.1)
+        assert pid_file, "rank 1 never joined MPI"
+        time.sleep(0.5)
+        os.kill(int(pid_file.read_text()), signal.SIGSTOP)
         out = proc.communicate(timeout=60)[0]
     finally:
         _end(proc, mark)
     assert proc.returncode == 124, out
-    assert re.search(r"rank \d: stopped, state T \(pid \d+\)", out), out
+    assert re.search(r"rank 1: stopped, state T \(pid \d+\)", out), out
+    assert re.search(r"rank 0: wait_forever\(\) at tests/fixtures/04_hang.py", out), out
 
 
 def test_a_timeout_shorter_than_a_start_is_refused():
