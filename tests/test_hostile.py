@@ -94,6 +94,13 @@ def test_output_paths_land_where_the_learner_typed_them_and_are_replaced_next_ti
     assert (here / "r.csv").read_text().startswith("size,") and not os.path.exists(os.path.join(ROOT, "r.csv"))
 
 
+def test_output_paths_are_made_absolute_and_other_flags_left_alone(tmp_path):
+    from common.runner import files
+    given = ["--trace", "--csv", "r.csv", "--plot=p.png", "--counts", "8"]  # 05's --trace: no path
+    assert files.lesson_outputs(given, here=str(tmp_path)) == [
+        "--trace", "--csv", str(tmp_path / "r.csv"), f"--plot={tmp_path / 'p.png'}", "--counts", "8"]
+
+
 def test_json_onto_an_empty_file_is_accepted(tmp_path):
     target = tmp_path / "tmp.XXXX"  # what mktemp makes
     target.write_text("")

@@ -45,25 +45,21 @@ def write_new(path, text, flag, kind=None, ours=None):
 
 
 def lesson_outputs(extra, here=None):
-    """The lesson flags after `--` with every output path (--csv, --plot, --trace-png, or a prefix
-    argparse would take for one) made absolute against `here` (the folder the learner typed it in: the
-    ranks run in the project root), each vetted by check_target. Returns the new list; FileError."""
+    """The lesson flags after `--` with every output path (--csv, --plot, --trace-png) made absolute
+    against `here` (the folder the learner typed it in: the ranks run in the project root), each vetted
+    by check_target. Exact names only: a prefix may be another flag of the lesson's (05's --trace); an
+    abbreviation argparse takes is refused by the lesson's own writer (common/guard.py). FileError."""
     out, args, i = [], [str(a) for a in extra], 0
     while i < len(args):
-        arg = args[i]
-        name, eq, value = arg.partition("=")
-        flag = next((f for f in OUTPUTS if len(name) > 2 and name.startswith("--") and f.startswith(name)
-                     and not any(o != f and o.startswith(name) for o in OUTPUTS)), None)
-        if flag and not eq and i + 1 < len(args):
-            i, value = i + 1, args[i + 1]
-        if flag:
-            check_target(value, flag)
+        name, eq, value = args[i].partition("=")
+        if name in OUTPUTS:
+            if not eq and i + 1 < len(args):
+                i, value = i + 1, args[i + 1]
+            check_target(value, name)
             value = os.path.join(here or os.getcwd(), value)
-            out.append(f"{name}={value}" if eq else name)
-            if not eq:
-                out.append(value)
+            out += [f"{name}={value}"] if eq else [name, value]
         else:
-            out.append(arg)
+            out.append(args[i])
         i += 1
     return out
 
