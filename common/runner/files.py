@@ -55,7 +55,7 @@ def lesson_outputs(extra, here=None):
         if name in OUTPUTS:
             if not eq and i + 1 < len(args):
                 i, value = i + 1, args[i + 1]
-            check_target(value, name)
+            check_target(os.path.join(here, value) if here else value, name)  # as typed, in the message
             value = os.path.join(here or os.getcwd(), value)
             out += [f"{name}={value}"] if eq else [name, value]
         else:
