@@ -53,7 +53,7 @@ check: $(SETUP)  ## every lesson x every NP in its YAML check list x every API: 
 check-mine: $(SETUP)  ## check your practice copy: make check-mine LESSON=05 [NP=4]
 	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs) but runs that load torch on every rank
+test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs) but runs loading torch per rank
 	$(PY) -m pytest -q $(XDIST) -m "not torch"
 
 test-torch: $(SETUP)  ## the runs that load torch on every rank (--api torch, lesson 08): CI runs them too

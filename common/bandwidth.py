@@ -112,8 +112,8 @@ def time_op(comm, fn, warmup, iters, sync):
 def explain(op, nbytes, time_us, n):
     """The arithmetic behind one nccl-tests line, spelled out (for `bin/tutor busbw`)."""
     f = factor(op, n)
-    if nbytes < 0 or time_us <= 0:
-        raise ValueError("need --bytes >= 0 and --time-us > 0")
+    if nbytes < 0 or not 0 < time_us < float("inf"):  # nan fails this too
+        raise ValueError(f"need --bytes >= 0 and a finite --time-us > 0, got --bytes {nbytes} --time-us {time_us:g}")
     alg = algbw(nbytes, time_us * 1e-6)
     return "\n".join([
         f"op {op}, {n} ranks, {nbytes} B in {time_us:g} us",

@@ -10,17 +10,19 @@ Every function is pure (data in, file out) and imports matplotlib only when call
 picture never pays for it.
 """
 import importlib.util
-import os
+
+from common import guard
 
 CELL_W, CELL_H = 0.55, 0.42        # inches per step and per rank in a schedule picture
 DPI = 100
 
 
 def cannot_write(path):
-    """Why a PNG cannot be written at `path` (no folder, no matplotlib), or None. Cheap: imports nothing."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"{path}: no such folder"
+    """Why a PNG cannot be written at `path` (no folder, a file the kit did not write: common/guard.py,
+    no matplotlib), or None. Cheap: imports nothing."""
+    problem = guard.refusal(path, "PNG")
+    if problem:
+        return problem
     if importlib.util.find_spec("matplotlib") is None:
         return "PNG pictures need matplotlib: .venv/bin/pip install matplotlib (or `make setup`)"
     return None
@@ -43,8 +45,10 @@ def _bytes_axis(ax):
 
 
 def _save(plt, fig, path):
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    try:  # through the guard: never over a file the kit did not write
+        guard.write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"), "PNG")
+    finally:
+        plt.close(fig)
     return f"wrote {path}"
 
 

@@ -2,11 +2,14 @@
 
 No test module initialises MPI in the pytest process: every MPI run is a subprocess under mpiexec.
 """
+import atexit
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -14,6 +17,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 TUTOR = os.path.join(ROOT, "bin", "tutor")
 sys.path.insert(0, ROOT)
+# every process this copy of the suite starts carries this in its environment (runners, mpiexec and
+# ranks inherit it): processes_running() counts only those, so two suites on one machine never see
+# each other's runs. Each pytest-xdist worker makes its own.
+SESSION = os.environ["TUTOR_TEST_SESSION"] = f"{os.getpid()}-{os.urandom(6).hex()}"
+# progress and the ledger of written files go to a folder of the suite's own, never the learner's .tutor/
+if not os.environ.get("TUTOR_STATE"):
+    os.environ["TUTOR_STATE"] = tempfile.mkdtemp(prefix="tutor-test-state-")
+    atexit.register(shutil.rmtree, os.environ["TUTOR_STATE"], True)
 
 
 def load_lesson(filename):
@@ -61,23 +72,23 @@ def tutor(*args, env=None, timeout=180):
 
 
 def processes_running(fragment=None, mark=None):
-    """PIDs of live processes (never this test process) whose command line contains `fragment`, or
-    whose environment carries TUTOR_TEST_MARK=mark (a run's runner, mpiexec and ranks alike)."""
-    if mark is None:
-        where, want = "cmdline", fragment.encode()
-    else:
-        where, want = "environ", f"TUTOR_TEST_MARK={mark}".encode()
+    """PIDs of live processes (never this test process) started by this copy of the suite (their
+    environment carries its TUTOR_TEST_SESSION) whose command line contains `fragment`, or whose
+    environment carries TUTOR_TEST_MARK=mark (a run's runner, mpiexec and ranks alike)."""
+    session = f"TUTOR_TEST_SESSION={SESSION}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
-                with open(f"/proc/{entry}/{where}", "rb") as f:
-                    text = f.read()
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ")
                 with open(f"/proc/{entry}/stat") as f:
                     state = f.read().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if (want in text.replace(b"\0", b" ") if mark is None else want in text.split(b"\0")) \
-                    and state != "Z":
+            if session in environ and state != "Z" and (
+                    fragment.encode() in cmdline if mark is None else f"TUTOR_TEST_MARK={mark}".encode() in environ):
                 found.append(int(entry))
     return found

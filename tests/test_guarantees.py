@@ -161,8 +161,8 @@ def test_a_programmatic_caller_cannot_switch_the_watchdog_off():
 
 # ---- the results JSON: never over someone else's file ---------------------------------------------
 
-@pytest.mark.parametrize("content", ["# my solved practice copy\nprint('hi')\n", '{"mine": 1}\n', ""],
-                         ids=["learner-code", "other-json", "empty"])
+@pytest.mark.parametrize("content", ["# my solved practice copy\nprint('hi')\n", '{"mine": 1}\n', " \n"],
+                         ids=["learner-code", "other-json", "blank"])  # an empty file is taken: test_hostile
 def test_json_never_replaces_a_file_it_did_not_write(tmp_path, content):
     target = tmp_path / "work.py"
     target.write_text(content)
@@ -205,7 +205,7 @@ def test_json_path_is_checked_before_the_launch(tmp_path, case):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     target, fragment = {
-        "missing-folder": (str(tmp_path / "missing" / "sub" / "out.json"), "no folder"),
+        "missing-folder": (str(tmp_path / "missing" / "sub" / "out.json"), "no such folder"),
         "a-folder": (str(tmp_path), "a folder; name a file"),
         "unwritable": (_unwritable(tmp_path)[0], "cannot write there"),
     }[case]

@@ -1,5 +1,6 @@
 """`bin/tutor check`: which runs to make (plan), making them one by one (run), and what is said after
 (failures grouped, the counts, the exit code). bin/tutor only prints what these return, and exits."""
+import os
 from dataclasses import dataclass, field
 
 from common.runner import engine, exercise, practice
@@ -30,8 +31,10 @@ def plan(lessons, np=None, api=None, device=None, mine=False, force=False, junit
     out = Plan(scripts={l.name: practice.mine_or_fail(l) if mine else None for l in lessons})
     if mine and not lessons:
         raise practice.PracticeError("nothing to check yet: start with `bin/tutor practice ID`")
-    if junit:
+    if junit is not None:
         engine.check_junit_target(junit)
+    if mine:  # check --mine records progress: said before any run, not in a traceback after them all
+        practice.writable(os.path.dirname(practice.progress_path()), "TUTOR_STATE")
     for lesson in lessons:
         dev = device or ("gpu" if lesson.needs_gpu else "cpu")
         nps = [engine.parse_np(np, lesson)] if np else lesson.meta["np"]["check"]

@@ -9,7 +9,8 @@ from common.runner.preflight import (Blocked, ScriptError, UsageError, check_ext
                                      check_junit_target, check_script, needs, np_ceiling, parse_np,
                                      parse_timeout, validate, wants_help)
 from common.runner.files import write_junit  # noqa: F401
-from common.runner.verdict import EXIT, checks_table, exit_code, explain, killed_rank, ok, status  # noqa: F401
+from common.runner.verdict import (EXIT, checks_table, exit_code, explain, killed_rank, ok, status,  # noqa: F401
+                                   summary)
 
 
 def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, echo=True, script=None,

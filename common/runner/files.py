@@ -1,73 +1,67 @@
 """Every file the runner writes, and the rules it keeps (README, "Troubleshooting"):
 
-  run --json PATH, check --junit PATH   checked before anything is launched: the folder must exist and
+  run --json PATH, check --junit PATH,  checked before anything is launched (common/guard.py, the one
+  a lesson's --csv, --plot, --trace-png guard the lessons' writers use too): the folder must exist and
                                         take a file; PATH must not be a folder, and an existing file is
-                                        replaced only if it is an earlier one of the same kind the tutor
-                                        wrote. Written whole or not at all (temp file, then rename).
+                                        replaced only if empty or an earlier one of the same kind the
+                                        tutor wrote. Written whole or not at all (temp file, rename).
   .tutor/progress.json                  read-modify-write under a lock; a damaged file is kept aside.
-  practice/NN_name.py                   a copy being replaced is kept under the first free .bak name.
+  practice/NN_name.py                   the new copy is written first, then the one it replaces is kept
+                                        under the first free .bak name (a full disk changes nothing).
 """
 import fcntl
-import json
 import os
 import tempfile
 from contextlib import contextmanager
 
-from common import report
+from common import guard
+from common.runner.terminal import path_shown
+from common.guard import JUNIT_HEAD, is_junit, is_results_json  # noqa: F401 (used via files.)
 
-RESULTS_KEYS = {"lesson", "np", "ranks"}   # what every results JSON holds (GUIDE §2)
-JUNIT_HEAD = '<testsuite name="tutor-check"'
+KINDS = {"--json": "results JSON", "--junit": "JUnit report"}
+OUTPUTS = {"--csv": "CSV", "--plot": "PNG", "--trace-png": "PNG"}   # the lessons' own output flags
 
 
 class FileError(ValueError):
     """One line for the learner, said before anything runs."""
 
 
-def is_results_json(path):
-    """True for a results JSON a lesson or the runner wrote (a JSON object with lesson, np, ranks)."""
-    try:
-        if os.path.getsize(path) > 64 << 20:
-            return False
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and RESULTS_KEYS <= set(doc)
+def check_target(path, flag, kind=None, ours=None):
+    """Raise FileError (one line) unless `path` can take a new `kind` file without losing anything
+    (common/guard.py's rule: empty, or the kit's own earlier output of that kind)."""
+    problem = guard.refusal(path, kind or KINDS.get(flag) or OUTPUTS[flag])
+    if problem:
+        if problem.endswith("name a file in it"):
+            problem += f", e.g. {os.path.join(path, 'results.json' if flag == '--json' else 'junit.xml')}"
+        raise FileError(f"{flag} {problem}")
 
 
-def is_junit(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(len(JUNIT_HEAD)) == JUNIT_HEAD
-    except (OSError, ValueError):
-        return False
-
-
-def check_target(path, flag, kind, ours):
-    """Raise FileError (one line) unless `path` can take a new `kind` file without losing anything."""
-    if not path or not path.strip():
-        raise FileError(f"{flag} needs a file name")
-    full = os.path.abspath(path)
-    if os.path.isdir(full):
-        raise FileError(f"{flag} {path}: a folder; name a file, e.g. "
-                        f"{os.path.join(path, 'results.json' if flag == '--json' else 'junit.xml')}")
-    folder = os.path.dirname(full)
-    if not os.path.isdir(folder):
-        raise FileError(f"{flag} {path}: no folder {os.path.dirname(path) or folder} (the tutor makes none)")
-    if os.path.lexists(full) and (os.path.islink(full) or not os.path.isfile(full) or not ours(full)):
-        raise FileError(f"{flag} {path}: exists and is not a {kind} the tutor wrote; left alone")
-    try:  # the only sure test of "can I write there" (permissions, read-only mounts, root or not)
-        fd, probe = tempfile.mkstemp(prefix=".tutor-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise FileError(f"{flag} {path}: cannot write there ({exc.strerror})") from None
-
-
-def write_new(path, text, flag, kind, ours):
+def write_new(path, text, flag, kind=None, ours=None):
     """check_target again (the file may have appeared since), then write whole: temp file, rename."""
-    check_target(path, flag, kind, ours)
-    report.atomic_write(path, text)
+    try:
+        guard.write(path, text, kind or KINDS[flag], flag)
+    except guard.Refused as exc:
+        raise FileError(str(exc)) from None
+
+
+def lesson_outputs(extra, here=None):
+    """The lesson flags after `--` with every output path (--csv, --plot, --trace-png) made absolute
+    against `here` (the folder the learner typed it in: the ranks run in the project root), each vetted
+    by check_target. Exact names only: a prefix may be another flag of the lesson's (05's --trace); an
+    abbreviation argparse takes is refused by the lesson's own writer (common/guard.py). FileError."""
+    out, args, i = [], [str(a) for a in extra], 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name in OUTPUTS:
+            if not eq and i + 1 < len(args):
+                i, value = i + 1, args[i + 1]
+            check_target(os.path.join(here, value) if here else value, name)  # as typed, in the message
+            value = os.path.join(here or os.getcwd(), value)
+            out += [f"{name}={value}"] if eq else [name, value]
+        else:
+            out.append(args[i])
+        i += 1
+    return out
 
 
 def keep_aside(path, suffix):
@@ -82,6 +76,37 @@ def keep_aside(path, suffix):
         os.unlink(path)
         return aside
     raise FileError(f"{path}: too many earlier copies beside it ({suffix}...); tidy them up first")
+
+
+def replace_keeping(path, text, keep):
+    """Write `text` to `path` whole; with `keep`, the file there is first kept aside (keep_aside,
+    '.bak'). The new text is written beside it before anything moves, so a full disk fails there and
+    changes nothing; a rename needs no space. Returns the kept name or None; FileError (one line)."""
+    folder, staged, backup = os.path.dirname(os.path.abspath(path)), None, None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, staged = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", dir=folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(staged, 0o644)
+        if keep:
+            backup = keep_aside(path, ".bak")
+        os.replace(staged, path)
+    except (OSError, FileError) as exc:
+        if staged and os.path.exists(staged):
+            os.unlink(staged)
+        if backup and not os.path.exists(path):
+            os.rename(backup, path)
+        raise FileError(f"{path_shown(path)}: could not write the new copy "
+                        f"({getattr(exc, 'strerror', None) or exc}); nothing was changed") from None
+    return backup
+
+
+def writable(folder):
+    """True when `folder` (or, not made yet, the nearest folder above it) takes a new file."""
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return guard.cannot_create(folder) is None
 
 
 @contextmanager
@@ -113,4 +138,4 @@ def write_junit(path, cases):
                          f'{escape(chr(10).join(why + tail))}</failure>')
         parts.append("  </testcase>")
     parts.append("</testsuite>\n")
-    write_new(path, "\n".join(parts), "--junit", "JUnit report", is_junit)
+    write_new(path, "\n".join(parts), "--junit")

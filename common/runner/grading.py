@@ -53,6 +53,13 @@ def plan(lesson_text, copy_text, copy_path, lesson_path, lesson_id):
     ref = {r.name: r for r in find_regions(lesson_text, path_shown(lesson_path))}
     ref_lines, lines = lesson_text.splitlines(keepends=True), copy_text.splitlines(keepends=True)
     regions = find_regions(copy_text, shown)
+    gone = [name for name in ref if name not in {r.name for r in regions}]
+    if ref and len(gone) == len(ref):
+        raise PracticeError(
+            f"{shown} has no exercise markers left (`# >>> exercise: {gone[0]}` ... `# <<< exercise: "
+            f"{gone[0]}`), so nothing of yours can be graded: put them back around your code (see "
+            f"{path_shown(lesson_path)}:{ref[gone[0]].begin}), or `bin/tutor practice {lesson_id} --force` "
+            "for a fresh copy (yours is kept as .bak)")
     untouched = [r for r in regions if r.name in ref and
                  [x.strip() for x in r.body(lines)] == [x.strip() for x in stub_body(r, lesson_id)]]
     if regions and len(untouched) == len(regions):

@@ -147,6 +147,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
                                 preexec_fn=lifetime.die_with_runner())
     except OSError as exc:
         raise LaunchError(f"cannot start {cmd[0]}: {exc.strerror}") from None
+    stop.watch(proc.pid)  # Ctrl-Z stops the run with the runner (lifetime.Stop)
     reader = threading.Thread(target=_pump, args=(proc.stdout, out, echo), daemon=True)
     reader.start()
     try:
@@ -161,7 +162,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
             if stop.signum:
                 out.interrupted, out.signal, out.rc = True, stop.signum, 128 + stop.signum
                 break
-            if time.monotonic() - start >= timeout:
+            if time.monotonic() - start - stop.paused >= timeout:
                 out.timed_out = True
                 out.stacks = dump_stacks(proc.pid, run_dir)
                 out.rc = 124

@@ -3,6 +3,7 @@
 - a stop signal (Ctrl-C, SIGTERM from `timeout`, Slurm or CI, SIGHUP when the terminal closes, ...)
   is noted while a run is on; the runner then ends every process of the run, removes its run folder
   and exits 128 + signal (common/runner/launch.py's wait loop);
+- Ctrl-Z stops the run's processes with the runner, and `fg` (SIGCONT) continues them all;
 - SIGKILL cannot be caught: mpiexec is made to die with the runner (Linux), its proxies then end the
   ranks, and the run folder it leaves is removed by the next run.
 """
@@ -13,6 +14,9 @@ import signal
 import sys
 import tempfile
 import threading
+import time
+
+from common.runner import rundir
 
 
 # Every signal whose default action would end the runner ends the run first, then the runner, with the
@@ -24,24 +28,48 @@ STOP_SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP"
 
 
 class Stop:
-    """While a run is on, a stop signal is noted (never raised mid-cleanup); the wait loop acts on it."""
+    """While a run is on, a stop signal is noted (never raised mid-cleanup); the wait loop acts on it.
+    Ctrl-Z (SIGTSTP) stops the run's processes with the runner (mpiexec and the ranks are in sessions
+    of their own, out of the terminal's reach) and SIGCONT goes on with them; `paused` is the time
+    spent stopped, which the watchdog does not count."""
 
     def __init__(self):
-        self.signum, self.old = None, {}
+        self.signum, self.old, self.pid, self.paused = None, {}, None, 0.0
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in STOP_SIGNALS + [signal.SIGTSTP]:
                 if signal.getsignal(sig) is not signal.SIG_IGN:
-                    self.old[sig] = signal.signal(sig, self._note)
+                    self.old[sig] = signal.signal(sig, self._pause if sig == signal.SIGTSTP else self._note)
         return self
+
+    def watch(self, pid):
+        """The run's mpiexec: what Ctrl-Z stops along with the runner."""
+        self.pid = pid
 
     def _note(self, signum, frame):
         self.signum = self.signum or signum
 
+    def _pause(self, signum, frame):
+        run = [self.pid, *rundir.descendants(self.pid)] if self.pid else []
+        for pid in reversed(run):  # the ranks first, then their launcher
+            _send(pid, signal.SIGSTOP)
+        since = time.monotonic()
+        os.kill(os.getpid(), signal.SIGSTOP)  # the runner stops here, as Ctrl-Z means; SIGCONT goes on
+        for pid in run:
+            _send(pid, signal.SIGCONT)
+        self.paused += time.monotonic() - since
+
     def __exit__(self, *exc):
         for sig, handler in self.old.items():
             signal.signal(sig, handler)
+
+
+def _send(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _libc_prctl():

@@ -1,13 +1,14 @@
 """Practice: the learner's copy of a lesson (practice/, git-ignored), hints, the answer; the progress
 file behind them is common/runner/progress.py's."""
+import glob
 import os
+import re
 
 from common.runner import files, grading
 from common.runner.catalog import ROOT
 from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
 from common.runner.terminal import path_shown
 from common.runner.progress import change, load_progress, progress_path, update  # noqa: F401 (used via practice.)
-from common.report import atomic_write
 
 
 def practice_dir():
@@ -28,21 +29,29 @@ def write_copy(lesson, force=False):
         raise PracticeError(f"{lesson.name} has no exercise yet (no `# >>> exercise:` markers)")
     path, backup = copy_path(lesson), None
     stub = make_stub(text, lesson.id, os.path.relpath(lesson.path))
+    writable(os.path.dirname(path), "TUTOR_PRACTICE")
+    writable(os.path.dirname(progress_path()), "TUTOR_STATE")
+    untouched = False
     if os.path.exists(path):
         if not force:
             raise PracticeError(f"{path_shown(path)} exists (your work): edit it, or start over with "
                                 f"`bin/tutor practice {lesson.id} --force`")
         with open(path) as f:
             untouched = f.read() == stub
-        if not untouched:  # every earlier copy is kept: .bak, then .bak2, .bak3, ...
-            try:
-                backup = files.keep_aside(path, ".bak")
-            except (OSError, files.FileError) as exc:
-                raise PracticeError(f"{path_shown(path)}: could not keep your copy aside "
-                                    f"({getattr(exc, 'strerror', None) or exc}); nothing was changed") from None
-    atomic_write(path, stub)
+    try:  # the new copy is written first, then the old one kept aside: a full disk changes nothing
+        backup = files.replace_keeping(path, stub, keep=os.path.exists(path) and not untouched)
+    except files.FileError as exc:
+        raise PracticeError(str(exc)) from None
     update(lesson, state="in progress")
     return path, regions, backup
+
+
+def writable(folder, variable):
+    """PracticeError (one line, before anything is done) when `folder` cannot take files, naming it
+    and the way out: the variable that puts that folder elsewhere."""
+    if not files.writable(folder):
+        raise PracticeError(f"{path_shown(folder)} is not writable: make it writable, or set {variable} to "
+                            f"a folder of yours (e.g. {variable}=~/tutor-{variable.split('_')[1].lower()})")
 
 
 def state(lesson):
@@ -62,6 +71,7 @@ def next_hint(lesson):
     hints = [hints] if isinstance(hints, str) else list(hints)
     if not hints:
         return [], 0
+    writable(os.path.dirname(progress_path()), "TUTOR_STATE")
 
     def one_more(entry):
         seen = entry.get("hints", 0)
@@ -94,6 +104,12 @@ def mine_or_fail(lesson):
     """The learner's copy of `lesson`, or PracticeError saying how to make one."""
     path = copy_path(lesson)
     if not os.path.exists(path):
+        kept = [p for p in glob.glob(glob.escape(path) + ".bak*") if re.fullmatch(r"\.bak\d*", p[len(path):])]
+        kept.sort(key=os.path.getmtime)  # the newest last
+        if kept:
+            raise PracticeError(f"no practice copy of {lesson.name}, but your earlier one is kept as "
+                                f"{path_shown(kept[-1])}: `mv {path_shown(kept[-1])} {path_shown(path)}` brings "
+                                f"it back (or `bin/tutor practice {lesson.id}` starts afresh)")
         raise PracticeError(f"no practice copy of {lesson.name} yet: run `bin/tutor practice {lesson.id}`")
     return path
 

@@ -46,8 +46,14 @@ def parse_np(text, lesson):
     return np
 
 
+MIN_TIMEOUT_S = 1.0  # mpiexec and a Python per rank take about that to start: less times out at once
+
+
 def parse_timeout(value):
-    """--timeout: a finite number of seconds > 0, at most a day; None keeps the YAML's."""
+    """--timeout: a finite number of seconds, at least MIN_TIMEOUT_S, at most a day; None keeps the YAML's."""
+    if value is not None and 0 < value < MIN_TIMEOUT_S:
+        raise UsageError(f"--timeout {value:g} s is shorter than a run takes to start: give at least "
+                         f"{MIN_TIMEOUT_S:g} s")
     if value is not None and not 0 < value <= schema.MAX_TIMEOUT_S:  # nan and inf fail this too
         raise UsageError(f"--timeout must be positive, at most {schema.MAX_TIMEOUT_S} s, not {value:g} (the "
                          "watchdog cannot be switched off)")

@@ -47,7 +47,8 @@ def rank_pids(run_dir):
 
 
 def dump_stacks(pid, run_dir, wait=3.0):
-    """Ask every rank for a faulthandler dump (SIGUSR1) and parse where each one is blocked."""
+    """Ask every rank for a faulthandler dump (SIGUSR1) and parse where each one is blocked. A rank that
+    cannot answer (stopped with SIGSTOP) gets one pseudo-frame (what, "") naming its process state."""
     ranks = {r: p for r, p in rank_pids(run_dir).items() if _ours(p, run_dir)}
     for rank_pid in ranks.values():
         _signal(rank_pid, signal.SIGUSR1)
@@ -60,6 +61,12 @@ def dump_stacks(pid, run_dir, wait=3.0):
             frames = parse_stack(open(path).read()) if os.path.exists(path) else []
             if frames:
                 stacks[rank] = frames
+    for rank, rank_pid in ranks.items():  # no dump: say what the process was doing instead
+        if rank not in stacks:
+            state = (_stat(rank_pid) or ["?"])[0]
+            why = {"T": "stopped", "t": "stopped by a debugger", "D": "waiting on a disk or device",
+                   "Z": "already gone"}.get(state, "did not answer the stack-dump request")
+            stacks[rank] = [(f"{why}, state {state} (pid {rank_pid})", "")]
     return stacks
 
 

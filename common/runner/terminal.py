@@ -1,5 +1,6 @@
 """Text for a terminal 100 columns wide: values shortened with a count, long lines wrapped, what
-several ranks said alike said once ("ranks 0-3 failed: ..."). Pure functions; the JSON keeps it all."""
+several ranks said alike said once ("ranks 0-3 failed: ..."), and check's progress, drawn only where
+the terminal can draw it. Pure functions but progress(); the JSON keeps it all."""
 import os
 import re
 import textwrap
@@ -118,3 +119,34 @@ def wrapped_table(table, headers, rows, width=WIDTH):
         out.append((*row[:-1], parts[0]))
         out += [("",) * (len(row) - 1) + (more,) for more in parts[1:]]
     return table(headers, out, align=[False] * len(headers))
+
+
+def plain_terminal(stream):
+    """True where a progress bar cannot be drawn: TERM=dumb (no cursor control), or fewer than 60
+    columns (COLUMNS or the terminal's own); False for a file or pipe, where nothing is drawn anyway."""
+    import shutil
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return False
+    return os.environ.get("TERM") == "dumb" or shutil.get_terminal_size((WIDTH, 24)).columns < 60
+
+
+def progress(items, label, show, stream=None):
+    """A `with` block over `items`: on a terminal that draws, click's bar sized to fit min(its columns,
+    WIDTH); on a dumb or narrow one, one plain line per item ('checking 2/8: 05 np=2 mpi4py')."""
+    import contextlib
+    import shutil
+    import sys
+    import typer
+    stream = stream or sys.stdout
+    items = list(items)
+    if plain_terminal(stream):
+        def lines():
+            for i, item in enumerate(items, 1):
+                print(fit(f"{label} {i}/{len(items)}: {show(item)}", shutil.get_terminal_size((WIDTH, 24)).columns),
+                      file=stream, flush=True)
+                yield item
+        return contextlib.nullcontext(lines())
+    cols = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns)
+    clutter = len(label) + 2 * len(str(len(items))) + max([len(show(i)) for i in items] + [0]) + 12
+    return typer.progressbar(items, label=label, show_pos=True, width=max(4, min(36, cols - 1 - clutter)),
+                             item_show_func=lambda p: p and show(p), file=stream)

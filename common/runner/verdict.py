@@ -11,7 +11,7 @@ from common.report import table
 # One status per run, and the exit status `bin/tutor run` ends with (README, "Verdicts and exit codes").
 # `interrupted` exits 128 + the signal's number (130 for Ctrl-C), as does a crash in which mpiexec itself
 # was killed by a signal.
-EXIT = {"pass": 0, "fail": 1, "usage": 2, "crash": 3, "blocked": 4, "timeout": 124}
+EXIT = {"pass": 0, "fail": 1, "usage": 2, "crash": 3, "blocked": 4, "unsaved": 5, "timeout": 124}
 
 
 def status(outcome, checks):
@@ -72,6 +72,9 @@ def explain(lesson, outcome, checks):
                      "Where each rank was:")
         places = {}
         for rank in outcome.stacks:
+            if not outcome.stacks[rank][0][1]:  # no stack: the process state (rundir.dump_stacks)
+                places[rank] = outcome.stacks[rank][0][0]
+                continue
             own, inner = rundir.blocked_at(outcome.stacks[rank])
             where = f"{own[0]}() at {own[1]}" if own else "?"
             places[rank] = where + (f"  (inside {inner[0]}() at {inner[1]})" if inner and inner != own else "")
@@ -93,7 +96,7 @@ def explain(lesson, outcome, checks):
     lines += [f"{ranks_of(ranks)} {'then failed (a peer was gone)' if killed else 'failed'}: {e}"
               for ranks, e in by_message(echoes)]
     if outcome.rc != 0 and not (outcome.launcher or killed or outcome.errors):
-        last = next((l.strip() for l in reversed(outcome.tail) if l.strip()), "")
+        last = last_said(outcome.tail)
         if outcome.blocked and refused(outcome, checks):  # ctx.fail(blocked=True): its line said why
             return ["blocked: the lesson needs a usable GPU on every rank (its line above says what is "
                     "missing);", "  `bin/tutor doctor` tells what this machine has, --device cpu runs it here"]
@@ -111,6 +114,32 @@ def explain(lesson, outcome, checks):
         lines += [f"check failed: {c['name']}: got {short(c['got'])}, want {short(c['want'])}"
                   for c in checks if not c["ok"]]
     return lines
+
+
+def last_said(tail):
+    """The line of the output that says why a run ended: the last one that reads as an error within the
+    last 40 lines (a launcher's closing banner of dashes and exit codes says nothing), else the last line
+    with a word in it."""
+    worded = [l.strip() for l in tail if re.search(r"[A-Za-z]{2}", l)]
+    said = next((l for l in reversed(worded[-40:]) if _SAYS_WHY.search(l)), None)
+    return said or (worded[-1] if worded else "")
+
+
+_SAYS_WHY = re.compile(r"error|abort|fatal|fail|cannot|can't|unable|not found|no such|mismatch|refus|"
+                       r"denied|invalid|killed", re.I)
+
+
+def summary(verdict, head, why, width=WIDTH):
+    """The run's last line: the status, what ran, and, when it did not pass, why, in a few words."""
+    line = f"{verdict.upper()}  {head}"
+    first = next((w.strip() for w in why if w.strip()), "") if verdict != "pass" else ""
+    timed = re.match(r"TIMEOUT: \S+ (ran past its .*? limit)", first)
+    cause = re.sub(r"^the lesson exited with (status \d+): ", r"\1: ", timed.group(1) if timed else first)
+    cause = cause.rstrip(":")
+    room = width - len(line) - 2
+    if not cause or room < 12:
+        return line
+    return f"{line}: {cause if len(cause) <= room else cause[:room - 1] + '…'}"
 
 
 MPI_ERROR = "MPI.Exception:"   # how common/watchdog.py writes mpi4py's errors
