@@ -118,3 +118,14 @@ def test_the_mixture_of_experts_equals_one_process(n):
     sent = np.array([s for _, s, _ in out])
     assert all((got == sent[:, r]).all() for r, (_, _, got) in enumerate(out))  # counts went first
     assert sent.sum() == 40 * n
+
+
+def test_written_counts_what_this_process_writes(tmp_path):
+    """collectives.written(), the meter lesson 09 reads around one gloo call: this process's writes."""
+    from common import collectives
+    before = collectives.written()
+    if before is None:
+        pytest.skip("no /proc/self/io here")
+    with open(tmp_path / "out", "wb", buffering=0) as f:
+        f.write(b"x" * 100_000)
+    assert 100_000 <= collectives.written() - before < 100_000 + 4096
