@@ -114,11 +114,11 @@ def one_f_one_b_order(stage, p, m):
 ORDERS = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
 
 
-def checked_plan(name, p, m):
+def checked_plan(name, p, m, label=""):
     """Every stage's order, placed on ticks and its messages matched: the same on every rank, so a
     broken order stops every rank with the same error before a message is posted."""
     try:
-        return plan([ORDERS[name](s, p, m) for s in range(p)], m, f"the {TITLE[name]} schedule")
+        return plan([ORDERS[name](s, p, m) for s in range(p)], m, f"the {TITLE[name]} schedule{label}")
     except ScheduleError as exc:
         raise RuntimeError(str(exc)) from None
 
@@ -264,6 +264,25 @@ def walk(ctx, stage, pl, be, x, t, micro, batch, hidden):
     return loss, grads, dict(ticks=len(pl.steps[s]), ran=ran, held=held, busy=busy, waited=waited,
                              quickest=quickest if quickest < float("inf") else 0.0,
                              total=total)
+
+
+def run_schedule(ctx, stage, name, pl, x, t, micro, asked, args, ref_loss, ref_grads, comm, label=None):
+    """Walk one schedule's plan, counted; its results row (micro: the m this run was asked for, which the
+    checks' closed forms read: micro-batches cut wrong still fail them)."""
+    be = counting.Counted(p2p.backend(ctx), ctx.world_size)
+    loss, grads, seen = walk(ctx, stage, pl, be, x, t, micro, args.batch, args.hidden)
+    loss = ctx.comm.bcast(loss, root=ctx.world_size - 1)  # plain MPI, uncounted: for checking only
+    comm[label or name] = be.counts
+    return {"schedule": label or name, "micro": asked, "loss": loss, "loss_err": abs(loss - ref_loss),
+            "grad_err": max_diff(grads, ref_grads),
+            "ticks": seen["ticks"], "ran": seen["ran"], "bubble": 1 - seen["ran"] / seen["ticks"],
+            "peak": seen["held"].peak, "peak_bytes": seen["held"].peak_bytes,
+            "busy_s": seen["busy"], "waited_s": seen["waited"], "wall_s": seen["total"],
+            "quickest_group_s": seen["quickest"],
+            "groups": be.total(field="calls"), "wall_idle": 1 - seen["busy"] / seen["total"],
+            "phases": [{"phase": ph, "msgs": be.total([ph], field="msgs"),
+                        "bytes": be.total([ph]), "recv_bytes": be.total([ph], field="recv_bytes")}
+                       for ph in ("forward", "backward")]}
 
 
 # ---------------------------------------------------------------- one process, the whole batch
@@ -447,6 +466,21 @@ def show_cost(ctx, every, m, itemsize, args):
           flush=True)
 
 
+def show_few(ctx, run, few):
+    """1F1B with fewer micro-batches than stages: what each stage held, and whether it was right."""
+    n = ctx.world_size
+    got = ctx.comm.gather((run["peak"], run["bubble"]), root=0)
+    if ctx.rank:
+        return
+    held = [g[0] for g in got]
+    want = [min(n - s, few) for s in range(n)]
+    batches = f"{few} micro-batch" + ("es" if few > 1 else "")
+    print(f"1F1B again with m = {batches}, fewer than the {n} stages (graded like the main run):\n"
+          f"  warm-up min(p-s-1, m); held at the peak, stage 0..{n - 1}: {' '.join(map(str, held))} "
+          f"(min(p-s, m): {' '.join(map(str, want))});\n  idle ticks {got[0][1]:.3f} of stage 0's "
+          f"((p-1)/(m+p-1) = {(n - 1) / (few + n - 1):.3f})", flush=True)
+
+
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--layers", type=bootstrap.positive(int), default=LAYERS,
@@ -476,6 +510,8 @@ def main():
     split = shards.chunk_bounds(args.layers, n)    # stage s holds layers split[s]
     micro = shards.chunk_bounds(args.batch, m)     # micro-batch i is rows micro[i]
     plans = {name: checked_plan(name, n, m) for name in SCHEDULES}
+    few = n - 2 if n >= 3 else 0  # m < p - 1: a warm-up of p - s - 1 forwards would not fit in m
+    few_plan = few and checked_plan("1f1b", n, few, f" with {few} micro-batch(es) for {n} stages")
     ref_loss, ref_grads = one_process(ten, dims, flats, host_x, host_t, args.batch)
     stage = Stage(ctx, xp, ten, dims, flats, split[rank])
     itemsize, tol = dtype.itemsize, TOL[args.dtype]
@@ -489,23 +525,13 @@ def main():
     if rank == 0:
         show_grids(ctx, plans, m, args.grid)
 
-    runs, comm, grads_of = [], {}, {}
+    runs, comm = [], {}
     for name in SCHEDULES:
-        be = counting.Counted(p2p.backend(ctx), n)
-        loss, grads, seen = walk(ctx, stage, plans[name], be, x, t, micro, args.batch, args.hidden)
-        loss = ctx.comm.bcast(loss, root=n - 1)  # plain MPI, uncounted: for checking only
-        grads_of[name], comm[name] = grads, be.counts
-        groups = be.total(field="calls")
-        runs.append({"schedule": name, "loss": loss, "loss_err": abs(loss - ref_loss),
-                     "grad_err": max_diff(grads, ref_grads),
-                     "ticks": seen["ticks"], "ran": seen["ran"], "bubble": 1 - seen["ran"] / seen["ticks"],
-                     "peak": seen["held"].peak, "peak_bytes": seen["held"].peak_bytes,
-                     "busy_s": seen["busy"], "waited_s": seen["waited"], "wall_s": seen["total"],
-                     "quickest_group_s": seen["quickest"],
-                     "groups": groups, "wall_idle": 1 - seen["busy"] / seen["total"],
-                     "phases": [{"phase": ph, "msgs": be.total([ph], field="msgs"),
-                                 "bytes": be.total([ph]), "recv_bytes": be.total([ph], field="recv_bytes")}
-                                for ph in ("forward", "backward")]})
+        runs.append(run_schedule(ctx, stage, name, plans[name], x, t, micro, args.micro, args, ref_loss,
+                                 ref_grads, comm))
+    if few:  # also graded: 1F1B with fewer micro-batches than stages, where the warm-up must stop at m
+        runs.append(run_schedule(ctx, stage, "1f1b", few_plan, x, t, shards.chunk_bounds(args.batch, few),
+                                 few, args, ref_loss, ref_grads, comm, label="1f1b few"))
 
     report.section(ctx, "3. the loss and every layer's gradient, against one process")
     lo, hi = split[rank]
@@ -524,7 +550,10 @@ def main():
     report.section(ctx, "5. the cost: messages each stage sent, activations it held")
     if rank == 0:
         show_cost(ctx, every, m, itemsize, args)
+    if few:
+        show_few(ctx, runs[-1], few)
 
+    torch_runs = []
     if ctx.api == "torch":
         report.section(ctx, "6. torch.distributed.pipelining: the same stages, ScheduleGPipe and "
                             "Schedule1F1B")
@@ -533,15 +562,20 @@ def main():
         rows = m * (args.batch // m)
         ref_loss_t, ref_grads_t = one_process(ten, dims, flats, host_x[:rows], host_t[:rows], rows)
         got = []
-        for run in runs:
-            loss, grads = torch_pipelining(ctx, stage, run["schedule"], x[:rows], t[:rows], m, rows)
+        # torch's Schedule1F1B refuses fewer micro-batches than stages (a ValueError): not run then
+        names = [name for name in SCHEDULES if name == "gpipe" or m >= n]
+        for name in names:
+            loss, grads = torch_pipelining(ctx, stage, name, x[:rows], t[:rows], m, rows)
             loss = ctx.comm.bcast(loss, root=n - 1)  # plain MPI, uncounted: for checking only
-            run["torch_vs_ref"] = max(abs(loss - ref_loss_t), max_diff(grads, ref_grads_t))
-            got.append(run["torch_vs_ref"])
-        every = ctx.comm.gather((rank, *got), root=0)
+            got.append({"schedule": name, "torch_vs_ref": max(abs(loss - ref_loss_t),
+                                                              max_diff(grads, ref_grads_t))})
+        torch_runs = got
+        every = ctx.comm.gather((rank, *(g["torch_vs_ref"] for g in got)), root=0)
         if rank == 0:
-            print(report.table(["rank", "GPipe: max |torch - ref|", "1F1B: max |torch - ref|"],
+            print(report.table(["rank"] + [f"{TITLE[name]}: max |torch - ref|" for name in names],
                                ten.once(every), align=[True] * 3))
+            if len(names) < len(SCHEDULES):
+                print(f"Schedule1F1B not run: torch refuses fewer micro-batches ({m}) than stages ({n})")
             print(f"over the loss and my layers' gradients; PipelineStage(net, s, p), scale_grads=False"
                   + ("" if rows == args.batch else
                      f"\non the first {rows} rows (m x floor(B/m)): its stages size their receive "
@@ -550,7 +584,7 @@ def main():
     params = {"layers": args.layers, "hidden": args.hidden, "batch": args.batch, "micro": args.micro,
               "dtype": args.dtype, "itemsize": itemsize, "tol": tol}
     report.finish(ctx, {"first_layer": split[rank][0], "stage_layers": split[rank][1] - split[rank][0],
-                        "runs": runs, "comm": comm}, params=params)
+                        "runs": runs, "torch": torch_runs, "comm": comm}, params=params)
 
 
 if __name__ == "__main__":
