@@ -5,7 +5,10 @@ micro-batches. A micro-batch's forward runs stage 0, 1, ..., p-1: each stage sen
 activation) to the next. Its backward runs the other way: each stage sends the gradient of its input
 to the previous one. Only neighbours talk, and only micro-batch activations travel, never parameters.
   GPipe  every stage runs all m forwards, then all m backwards (here B(m-1) .. B0, last in first out;
-         B0 .. B(m-1) on every stage takes as long). Each stage holds all m micro-batches' activations.
+         B0 .. B(m-1) on every stage takes as long). Here, without re-materialization, each stage
+         holds every activation of all m micro-batches until their backwards. GPipe's paper
+         re-materializes: a stage keeps only each micro-batch's input and recomputes the rest in the
+         backward, so it holds m inputs plus one micro-batch's activations, for a second forward.
   1F1B   stage s runs a warm-up of min(p-s-1, m) forwards, then alternates one forward, one backward,
          then a cool-down of the backwards left. A micro-batch's activations are freed by its backward
          as soon as it can run, so stage s holds at most min(p-s, m) of them (PipeDream-Flush, the
@@ -45,13 +48,15 @@ What to watch for:
      bits (measured: below 5e-16 in float64, 2e-7 in float32); the checks allow 1e-12 / 1e-5.
   4. the bubble, two ways: in ticks, counted in the executed run (each rank counts the ticks it
      walked and those it ran an op in), graded against (p-1)/(m+p-1); and in wall-clock time (the
-     time outside ops over the time of the whole walk), reported only: a sentence says so when it
-     shows the formula, and when it does not, the causes this run measured (stages of unequal work,
-     messages that cost as much as an op, more ranks than cores, a load average above the ranks).
+     time outside ops, and the time in message groups, over the time of the whole walk), reported
+     only: a sentence says so when it shows the formula, and when it does not, the causes this run
+     measured (time in message groups beyond the bubble, stages of unequal work and how much of the
+     walk it can explain, Python between ops, more ranks than cores, a load average above them).
   5. the cost (counted by common/counting.Counted, measured by tracking every stashed array until
      Python frees it): stage s < p-1 sends m activations, B x hidden x itemsize bytes in all; stage
      s > 0 sends m gradients, as many bytes; activations held at the peak, in micro-batches: GPipe m
-     on every stage, 1F1B min(p-s, m).
+     on every stage, 1F1B min(p-s, m). Then 1F1B again with m = p-2 micro-batches (p >= 3), fewer
+     than the stages, graded by the same checks: its warm-up must stop at m.
   6. on --api torch: torch.distributed.pipelining (PipelineStage, ScheduleGPipe, Schedule1F1B) runs the
      same stages from the same weights; its loss and gradients must equal one process's (checked).
      Its stages size their receive buffers from the first micro-batch, so every micro-batch must have
@@ -401,34 +406,41 @@ def show_bubble(ctx, every, formula, cores):
     n, rows = ctx.world_size, []
     for r, _, _, _, runs in every:
         rows.append((r,) + tuple(x for name in SCHEDULES for x in (
-            f"{runs[name]['ran']}/{runs[name]['ticks']}", runs[name]["bubble"],
-            runs[name]["wall_idle"])))
-    print(report.table(["rank"] + [f"{TITLE[nm]} {w}" for nm in SCHEDULES for w in
-                                   ("busy/ticks", "idle", "wall idle")], rows,
-                       align=[True] * 7))
-    print(f"(p-1)/(m+p-1) = {formula:.4f}. idle: idle ticks / ticks walked, in the run (graded). "
-          "wall idle: 1 - time\nin ops / time of the walk, on each rank's clock (reported only)")
-    walls = [runs[name]["wall_idle"] for *_, runs in every for name in SCHEDULES]
-    op_us = [1e6 * sum(runs[nm]["busy_s"] for nm in SCHEDULES) / max(sum(runs[nm]["ran"] for nm in
-             SCHEDULES), 1) for *_, runs in every]           # per rank: one op, on average
-    msg_us = min(1e6 * runs[nm]["quickest_group_s"] for *_, runs in every for nm in SCHEDULES)
+            f"{runs[name]['ran']}/{runs[name]['ticks']}", round(runs[name]["bubble"], 3),
+            round(runs[name]["wall_idle"], 3), round(runs[name]["waited_s"] / runs[name]["wall_s"], 3))))
+    print(report.table(["rank"] + [w for nm in SCHEDULES for w in
+                                   (f"{TITLE[nm]} busy/ticks", "idle", "wall idle", "in msgs")], rows,
+                       align=[True] * 9))
+    print(wrapped(f"(p-1)/(m+p-1) = {formula:.4f}. idle: idle ticks / ticks walked, in the run (graded). "
+                  "wall idle: 1 - time in ops / time of the walk; in msgs: time in message groups (the "
+                  "transfer, and the wait for a neighbour) / time of the walk; each on its rank's clock "
+                  "(reported only)"))
     if n == 1:
         print("one stage: no one to wait for, no bubble", flush=True)
         return
+    runs = [runs[nm] for *_, runs in every for nm in SCHEDULES]
+    walls, msgs = [r["wall_idle"] for r in runs], [r["waited_s"] / r["wall_s"] for r in runs]
+    other = [1 - (r["busy_s"] + r["waited_s"]) / r["wall_s"] for r in runs]
+    op_us = [1e6 * sum(runs[nm]["busy_s"] for nm in SCHEDULES) / max(sum(runs[nm]["ran"] for nm in
+             SCHEDULES), 1) for *_, runs in every]           # per rank: one op, on average
     ops = f"an op took {min(op_us):.0f}-{max(op_us):.0f} us (mean per rank)"
     if all(abs(w - formula) <= 0.05 + 0.2 * formula for w in walls):
         print(wrapped(f"the wall clock shows the bubble too: every rank's wall idle is within 0.05 + "
-                      f"20% of (p-1)/(m+p-1); {ops}, the quickest message exchange {msg_us:.0f} us"),
-              flush=True)
+                      f"20% of (p-1)/(m+p-1); {ops}"), flush=True)
         return
-    why = []  # each reason only where this run's numbers show it
-    if max(op_us) > 1.25 * min(op_us):
-        why.append(f"{ops}: the slowest stage sets the pace and the others wait for it (the "
-                   "formula counts equal stages)")
-    if msg_us > 0.25 * min(op_us):
-        why.append(f"the quickest message exchange took {msg_us:.0f} us, an op {min(op_us):.0f}-"
-                   f"{max(op_us):.0f} us: every tick pays for its messages too (the formula counts "
-                   "them free)")
+    why, beyond = [], 0.05 + 1.2 * formula  # each reason only where this run's numbers show it
+    if min(msgs) > beyond:
+        why.append(f"every rank spent {min(msgs):.0%}-{max(msgs):.0%} of its walk in message groups, where "
+                   f"the ticks leave {formula:.0%} idle: the messages, and the waits behind them, cost "
+                   "that much (the formula counts messages free)")
+    worst = (max(op_us) - min(op_us)) * every[0][4]["gpipe"]["ran"] / 1e6  # s: each of 2m ops, waited
+    share = worst / min(r["wall_s"] for r in runs)
+    if max(op_us) > 1.25 * min(op_us) and share > 0.05:
+        why.append(f"{ops}: stages of unequal work, so the others wait for the slowest, at most "
+                   f"{share:.0%} of a walk (the formula counts equal stages)")
+    if max(other) > 0.1:
+        why.append(f"up to {max(other):.0%} of a walk was neither an op nor a message group: Python "
+                   "walking the grid, between them")
     if n > cores:
         why.append(f"{n} ranks share {cores} core(s): a rank's clock also runs while another rank "
                    "has its core")
