@@ -497,7 +497,7 @@ def main():
     runs = halves(ctx, args, be, lib)
     show_halves(ctx, runs, itemsize)
     if rank == 0 and library.missing:
-        print("\n".join(f"the library here: {line}" for line in library.missing.values()), flush=True)
+        print("\n".join(wrapped(f"the library here: {line}") for line in library.missing.values()), flush=True)
     report.section(ctx, "2. all-to-all by hand, pairwise: uneven blocks")
     a2a = exchange_all(ctx, args, be, lib)
     show_exchange(ctx, a2a, itemsize)

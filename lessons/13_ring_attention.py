@@ -389,12 +389,12 @@ def show_full(ctx, rows, kv_bytes, tol, dtype):
 def show_order(orders, n):
     """The order each rank started, computed and waited in (graded: the ring's structure, not the clock)."""
     seen, want = sorted(set(orders)), "scw" * (n - 1) + "c"
-    print("order (s: transfer started, c: block computed on, w: transfer waited for): "
-          + ("every rank " if len(seen) == 1 else "")
-          + "; ".join(" ".join(o) if len(o) <= 24 else f"{' '.join(o[:21])} ... ({len(o)})" for o in seen))
+    print(wrapped("order" + (" on every rank" if len(seen) == 1 else "s") + ": "
+                  + "; ".join(" ".join(o) if len(o) <= 24 else f"{' '.join(o[:21])} ... ({len(o)})" for o in seen)
+                  + " (s: a transfer started, c: a block computed on, w: a transfer waited for)"))
     if n > 1:
-        print(("overlap: " if seen == [want] else "NOT the ring's overlap, which is: ") + "each step but the "
-              "last starts the next transfer, computes, then waits (s c w)", flush=True)
+        print(wrapped(("overlap: " if seen == [want] else "NOT the ring's overlap, which is: ") + "each step "
+                      "but the last starts the next transfer, computes, then waits (s c w)"), flush=True)
 
 
 def bar(value, most, width=12):
