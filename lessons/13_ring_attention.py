@@ -34,11 +34,14 @@ What to watch for:
      its compute alone and its transfers alone, and how much of the transfer time the overlap hid,
      (compute + transfers - ring) / transfers; what that means is said only when the numbers show it.
      What a transfer costs next to its compute depends on the machine, so both are measured and
-     printed. On the 2 shared, loaded cores the kit is tested on, the default sizes gave: NP 2, 2.8
-     ms of transfers against 3.7 ms of compute; NP 4, 10.6 ms against 5.7 ms (more ranks than
-     cores: a transfer also waits for a core). When the transfers are a tenth of the ring or less,
-     the lesson says the clock cannot tell what was hidden. Overlap pays where the link is slow next
-     to the compute (between nodes), or the blocks are short (the compute grows with the rows).
+     printed. On the 2 cores the kit is tested on, shared with other work, the default sizes gave:
+     NP 2, 2.8 ms of transfers against 3.7 ms of compute; NP 4, 11.1 ms against 10.1 ms in one run
+     and 34.6 against 2.0 in the next (more ranks than cores: a transfer also waits for a core, and
+     for whatever else runs). A block moving in a few percent of its compute time would need at
+     least a core per rank and a quiet machine (not measured here). When the transfers are a tenth of
+     the ring or less, the lesson says the clock cannot tell what was hidden. Overlap pays where the
+     link is slow next to the compute (between nodes), or the blocks are short (the compute grows
+     with the rows).
      Graded is the structure, not the clock: each step but the last starts the next transfer,
      computes, then waits (the order line: s c w).
   3. causal, contiguous vs zig-zag: per rank the q.k products computed, those the mask keeps
