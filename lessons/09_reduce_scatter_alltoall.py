@@ -241,9 +241,9 @@ def halves_make_whole(ctx, args, be, library, pick):
     raw.sync()
     bad = wrong(out, buffers.to_host(whole))  # before the clock: the timed calls run in place, again and again
     sent = {k: seen(be, k)["bytes"] for k in ("rs+ag", "ring 05")}
-    wire = collectives.wire_bytes(ctx.comm, library, {"reduce_scatter": lambda: library.reduce_scatter(mine, x, counts),
-                                     "all_gather": lambda: library.all_gather(out, mine, counts),
-                                     "allreduce": lambda: raw.allreduce(whole)})
+    wire = collectives.wire_bytes(ctx.comm, library, {  # gloo: what each call wrote to its sockets
+        "reduce_scatter": lambda: library.reduce_scatter(mine, x, counts),
+        "all_gather": lambda: library.all_gather(out, mine, counts), "allreduce": lambda: raw.allreduce(whole)})
     t = {"hand_rs_ag": lambda: (reduce_scatter(raw, x, mine, counts, rank, n),
                                 all_gather(raw, mine, out, counts, rank, n)),
          "hand_ring": lambda: five.ring_allreduce(ring, scratch, shards.chunk_bounds(args.ar_count, n), rank,
@@ -260,7 +260,7 @@ def halves_make_whole(ctx, args, be, library, pick):
             **{f"{k}_us": v * 1e6 for k, v in secs.items()}, **{f"{k}_noise_us": v * 1e6 for k, v in spread.items()}}
 
 
-def halves_verdict(w, library):
+def halves_verdict(w):
     """One line on the library's halves against its whole: said only where the halves are real (a
     reduce-scatter that sends (N-1)/N) and the gap is beyond this run's noise (lesson 07's rule)."""
     if not w["lib_halves_real"]:
@@ -276,7 +276,7 @@ def halves_verdict(w, library):
     return said + ("the one call beats its halves called apart" if gap > 0 else "the halves beat the one call")
 
 
-def show_whole(ctx, whole, itemsize, library):
+def show_whole(ctx, whole, itemsize):
     every = ctx.comm.gather(whole, root=0)
     if ctx.rank:
         return
@@ -302,7 +302,7 @@ def show_whole(ctx, whole, itemsize, library):
                       f"all-reduce {wire['allreduce']} B on rank 0; a ring sends (N-1)/N = "
                       f"{(n - 1) * size // n} B for either half"))
     if n > 1:
-        print(wrapped("library: " + halves_verdict(w, library)), flush=True)
+        print(wrapped("library: " + halves_verdict(w)), flush=True)
 
 
 def wrapped(text):
@@ -505,7 +505,7 @@ def main():
     if raced:
         report.section(ctx, "3. all-reduce = reduce-scatter + all-gather")
         whole = halves_make_whole(ctx, args, be, library, pick)
-        show_whole(ctx, whole, itemsize, library)
+        show_whole(ctx, whole, itemsize)
         report.section(ctx, "4. the race: by hand vs the library, equal blocks")
         rows = race(ctx, args, p2p.backend(ctx), library, pick, sweep)
         show_race(ctx, rows, pick, library)

@@ -34,9 +34,10 @@ What to watch for:
      all-gather or reduce-scatter: ZeRO-3 sends 1 in forward and 2 in backward (3 in all), data
      parallelism 2, all in backward; (d)'s column is nominal: what the library's algorithm sends for
      its calls, a ring's volume, except on gloo, whose reduce-scatter is an all-reduce that keeps one
-     block (2 units, so 4 in all: lesson 09 measures it). And the bytes each rank holds: parameters (peak, measured by
-     tracking every array until Python frees it: my shards plus one gathered layer), gradients (peak:
-     my gradient shards plus one layer's full gradient), Adam's m and v (2 x my shards).
+     block (2 units, so 4 in all: lesson 09 measures it). And the bytes each rank holds:
+     parameters (peak, measured by tracking every array until Python frees it: my shards plus one
+     gathered layer), gradients (peak: my gradient shards plus one layer's full gradient), Adam's m
+     and v (2 x my shards).
   4. on --api torch: torch's own FSDP (torch.distributed.fsdp.fully_shard) trains the same model from
      the same weights; its parameters must equal (a)'s. It shards each parameter tensor along its first
      dimension instead of one flat vector per layer: the items each rank holds are shown.

@@ -523,7 +523,8 @@ def main():
     micro = shards.chunk_bounds(args.batch, m)     # micro-batch i is rows micro[i]
     plans = {name: checked_plan(name, n, m) for name in SCHEDULES}
     few = n - 2 if n >= 3 else 0  # m < p - 1: a warm-up of p - s - 1 forwards would not fit in m
-    few_plan = few and checked_plan("1f1b", n, few, f" with m = {few} micro-batch(es) for {n} stages (a warm-up stops at m)")
+    few_plan = few and checked_plan("1f1b", n, few,
+                                    f" with m = {few} micro-batch(es) for {n} stages (a warm-up stops at m)")
     ref_loss, ref_grads = one_process(ten, dims, flats, host_x, host_t, args.batch)
     stage = Stage(ctx, xp, ten, dims, flats, split[rank])
     itemsize, tol = dtype.itemsize, TOL[args.dtype]

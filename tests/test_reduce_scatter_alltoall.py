@@ -141,6 +141,6 @@ def test_the_halves_race_the_whole_only_where_they_are_real_and_beyond_the_noise
                                                                                  says):
     w = {"lib_halves_real": real, "lib_wire": wire, "lib_rs_ag_us": rs_ag, "lib_allreduce_us": whole,
          "lib_rs_ag_noise_us": noise, "lib_allreduce_noise_us": noise / 2}
-    text = nine.halves_verdict(w, types.SimpleNamespace(missing={}))
+    text = nine.halves_verdict(w)
     assert says in text, text
     assert ("a tie" in text) == (real and abs(rs_ag - whole) <= noise)
