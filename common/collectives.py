@@ -6,6 +6,10 @@
     lib.all_to_all(out, inp, out_counts, inp_counts)   # inp_counts[j] items to rank j; out from each
     lib.missing                               # {operation: one line}: what this library lacks, and
                                               # what stands in for it here
+    lib.rules                                 # counting rules where the library's algorithm sends
+                                              # other than a ring: Counted(lib, n, rules=lib.rules)
+    lib.on_sockets                            # True where a call's bytes are this process's socket
+                                              # writes (gloo): wire_bytes(comm, lib, calls) measures them
 Block r of a buffer is items sum(counts[:r]) .. sum(counts[:r+1]). Output first, input second, as in
 torch.distributed's calls (and common/counting.py's rules). Every rank passes the same counts.
 
@@ -16,7 +20,11 @@ torch.distributed's calls (and common/counting.py's rules). Every rank passes th
     torch:        dist.reduce_scatter_single / reduce_scatter (a list, for uneven blocks),
                   dist.all_gather_single, dist.all_to_all_single with split sizes
 Where a library takes one count for every rank, uneven blocks are padded to the largest and cut
-back: `missing` says so. gloo (torch 2.13) has every call above; its all-gather alone wants equal sizes.
+back: `missing` says so. gloo (torch 2.13) has no reduce-scatter of its own: torch clones the input,
+all-reduces it whole and copies this rank's block out (both the single and the list form), so it sends
+2(N-1)/N of the buffer, an all-reduce's bytes, not (N-1)/N; its all-gather wants equal sizes.
+Measured (written() around one call, N = 3, a 12 MiB float32 buffer): reduce_scatter_single wrote
+16,779,520 B per rank, all_reduce 16,779,520 B, all_gather_single 8,389,184 B (ring: 16 MiB and 8 MiB).
 """
 import types
 
@@ -31,6 +39,34 @@ def bounds(counts):
         start += c
     return out
 
+
+def written():
+    """Bytes this process has handed to write-like system calls so far (/proc/self/io's wchar, every
+    thread's, sockets included), or None where the file is missing. Around one gloo call with nothing
+    else writing, the difference is what gloo sent to its sockets (each message's header included)."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+
+def wire_bytes(comm, lib, calls):
+    """{name: bytes this rank wrote to its sockets during one call of calls[name]()}, measured where the
+    library's traffic is this process's socket writes (lib.on_sockets: gloo); {} elsewhere (MPI's shared
+    memory and NCCL make no such writes). Collective over MPI comm: the barrier comes before the first
+    reading, so nothing else writes between the two."""
+    out = {}
+    if not lib.on_sockets or written() is None:
+        return out
+    for name, fn in calls.items():
+        comm.Barrier()
+        before = written()
+        fn()
+        lib.sync()
+        out[name] = written() - before
+    return out
 
 def _even(counts):
     return len(set(counts)) <= 1
@@ -80,7 +116,8 @@ def mpi_library(ctx):
     names = {"reduce_scatter": "MPI_Reduce_scatter_block", "all_gather": "MPI_Allgather",
              "all_to_all": "MPI_Alltoall"}
     return types.SimpleNamespace(reduce_scatter=reduce_scatter, all_gather=all_gather,
-                                 all_to_all=all_to_all, missing={}, names=names, sync=timing.HOST)
+                                 all_to_all=all_to_all, missing={}, names=names, sync=timing.HOST,
+                                 rules={}, on_sockets=False)
 
 
 def nccl_library(ctx):
@@ -129,7 +166,7 @@ def nccl_library(ctx):
              "all_to_all": "grouped ncclSend/Recv"}
     return types.SimpleNamespace(reduce_scatter=reduce_scatter, all_gather=all_gather,
                                  all_to_all=all_to_all, missing=missing, names=names,
-                                 sync=timing.syncer(ctx))
+                                 sync=timing.syncer(ctx), rules={}, on_sockets=False)
 
 
 def torch_library(ctx):
@@ -164,9 +201,14 @@ def torch_library(ctx):
     missing = {"all_gather": "all_gather_single takes equal blocks: uneven ones padded to the largest"}
     names = {"reduce_scatter": f"{backend} reduce_scatter", "all_gather": f"{backend} all_gather",
              "all_to_all": f"{backend} all_to_all"}
+    rules = {}
+    if backend == "gloo":  # its traffic is this process's socket writes: written() can measure it
+        missing["reduce_scatter"] = ("gloo has no reduce-scatter: torch all-reduces the whole buffer "
+                                     "and keeps this rank's block, so it sends an all-reduce's bytes")
+        rules["reduce_scatter"] = lambda n, out, inp, *a, **k: 2 * (n - 1) * buffers.nbytes(inp) // n
     return types.SimpleNamespace(reduce_scatter=reduce_scatter, all_gather=all_gather,
                                  all_to_all=all_to_all, missing=missing, names=names,
-                                 sync=timing.syncer(ctx))
+                                 sync=timing.syncer(ctx), rules=rules, on_sockets=backend == "gloo")
 
 
 def library(ctx):

@@ -5,6 +5,8 @@
     plot.times_png(path, sizes_b, {"ring": ([measured s], [predicted s]), ...}, title)   # lesson 07
     plot.schedule_png(path, {"ring": grid}, count, title)   # who sends which slice to whom, per step
         grid[rank][step] = (sends [(lo, hi, peer)], recvs [(lo, hi, peer, "add" | "copy")])
+    plot.phases(grid)                      # [(first step, last step, "reduce-scatter" | ...)], named
+                                           # from what the steps do; drawn above them
 
 Every function is pure (data in, file out) and imports matplotlib only when called: a run without a
 picture never pays for it.
@@ -53,14 +55,17 @@ def _save(plt, fig, path):
 
 
 def busbw_png(path, sizes_b, series, title):
-    """busbw (GB/s) against size (bytes, log 2), one line per series = {label: [GB/s per size]}."""
+    """busbw (GB/s) against size (bytes, log 2), one line per series = {label: [GB/s per size]}. The
+    y axis is log too: small sizes run at a thousandth of the large ones' busbw, and a linear axis
+    would flatten them to zero, where the ring loses to the library."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, vals in series.items():
-        ax.plot(sizes_b, vals, marker="o", label=label)
+    for label, vals in series.items():  # a zero (nothing timed) has no place on a log axis: a gap
+        ax.plot(sizes_b, [v if v > 0 else float("nan") for v in vals], marker="o", label=label)
     _bytes_axis(ax)
-    ax.set(xlabel="size (bytes)", ylabel="busbw (GB/s)", title=title)
-    ax.grid(True, alpha=0.3)
+    ax.set_yscale("log")
+    ax.set(xlabel="size (bytes)", ylabel="busbw (GB/s, log)", title=title)
+    ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
     return _save(plt, fig, path)
@@ -80,58 +85,107 @@ def times_png(path, sizes_b, series, title):
     ax.set_yscale("log")
     ax.set(xlabel="size (bytes)", ylabel="time (us)", title=title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the lines
     fig.tight_layout()
     return _save(plt, fig, path)
 
 
+def phases(grid):
+    """[(first step, last step, name)]: runs of steps whose arriving slices are all added or all copied,
+    named by what they do. add: 'reduce-scatter' when every rank sends and receives part of the buffer
+    at every step, 'all-reduce' when the whole buffer, else 'reduce'; copy: 'all-gather' / 'copy' /
+    'broadcast' the same way; steps that add and copy at once: 'add and copy'."""
+    steps = max([len(row) for row in grid] + [0])
+    kinds = []
+    for step in range(steps):
+        cells = [row[step] if step < len(row) else ([], []) for row in grid]
+        ops = {op for _, recvs in cells for *_, op in recvs}
+        every = all(sends and recvs for sends, recvs in cells)
+        whole = every and all(hi - lo == max(h for _, rs in cells for _, h, _, _ in rs)
+                              and lo == 0 for _, recvs in cells for lo, hi, _, _ in recvs)
+        if ops == {"add"}:
+            kinds.append("all-reduce" if whole else "reduce-scatter" if every else "reduce")
+        elif ops == {"copy"}:
+            kinds.append("copy" if whole else "all-gather" if every else "broadcast")
+        else:
+            kinds.append("add and copy" if ops else "")
+    out = []
+    for step, kind in enumerate(kinds):
+        if out and out[-1][2] == kind:
+            out[-1] = (out[-1][0], step, kind)
+        else:
+            out.append((step, step, kind))
+    return [run for run in out if run[2]]
+
+
+WHAT = {"reduce-scatter": "slices arrive and are added", "all-reduce": "the whole buffer, added",
+        "reduce": "slices arrive and are added", "all-gather": "finished slices arrive and are copied",
+        "copy": "the whole buffer, copied", "broadcast": "slices arrive and are copied",
+        "add and copy": "some slices added, some copied"}
+
+
 def schedule_png(path, grids, count, title):
-    """One panel per schedule (grids = {label: grid}), ranks down, steps across. In each cell the buffer
-    [0, count) is a grey strip: the top half shows the slices this rank sends, coloured by the rank they
-    go to; the bottom half the slices it receives, coloured by the rank they come from, hatched when
-    they are added (copied otherwise). The text says to whom (->) and from whom (<-)."""
+    """One panel per schedule (grids = {label: grid}), ranks down, steps across, every panel on the
+    same scale. In each cell the buffer [0, count) is a grey strip: the upper bar shows the slices this
+    rank sends, coloured by the rank they go to; the lower bar the slices it receives, coloured by the
+    rank they come from, hatched when they are added (copied otherwise); under them, to whom and from
+    whom. Above the steps, each phase's name (phases()); at the end of a reduce-scatter, the slice each
+    rank has finished (summed over every rank) is outlined."""
     plt = _pyplot()
     from matplotlib.patches import Patch, Rectangle
     n = max(len(g) for g in grids.values())
     steps = max([len(row) for g in grids.values() for row in g] + [1])
-    width = max(6.0, 1.2 + steps * CELL_W * 2)
-    heights = [max(len(g), 1) * CELL_H * 2 + 0.6 for g in grids.values()]
-    fig, axes = plt.subplots(len(grids), 1, figsize=(width, sum(heights) + 0.8), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    width = max(6.5, 1.3 + steps * CELL_W * 2.4)
+    heights = [max(len(g), 1) * CELL_H * 2 + 0.7 for g in grids.values()]
+    fig, axes = plt.subplots(len(grids), 1, figsize=(width, sum(heights) + 1.3), squeeze=False,
+                             gridspec_kw={"height_ratios": heights}, layout="constrained")
     span = max(count, 1)
     for ax, (label, grid) in zip(axes[:, 0], grids.items()):
+        rows = len(grid)
         for rank, row in enumerate(grid):
             for step, (sends, recvs) in enumerate(row):
-                x, y = step, len(grid) - 1 - rank
-                ax.add_patch(Rectangle((x + 0.05, y + 0.1), 0.9, 0.8, color="0.92"))
+                x, y = step, rows - 1 - rank
+                ax.add_patch(Rectangle((x + 0.05, y + 0.3), 0.9, 0.64, color="0.92"))
                 for lo, hi, peer in sends:
-                    ax.add_patch(Rectangle((x + 0.05 + 0.9 * lo / span, y + 0.5), 0.9 * max(hi - lo, 0) / span,
-                                           0.4, color=f"C{peer % 10}"))
+                    ax.add_patch(Rectangle((x + 0.05 + 0.9 * lo / span, y + 0.63), 0.9 * max(hi - lo, 0) / span,
+                                           0.31, color=f"C{peer % 10}"))
                 for lo, hi, peer, op in recvs:
-                    ax.add_patch(Rectangle((x + 0.05 + 0.9 * lo / span, y + 0.1), 0.9 * max(hi - lo, 0) / span,
-                                           0.4, facecolor=f"C{peer % 10}", alpha=0.55,
+                    ax.add_patch(Rectangle((x + 0.05 + 0.9 * lo / span, y + 0.3), 0.9 * max(hi - lo, 0) / span,
+                                           0.31, facecolor=f"C{peer % 10}", alpha=0.55,
                                            hatch="///" if op == "add" else None, edgecolor="white", lw=0))
                 words = ",".join(str(p) for _, _, p in sends)
                 back = ",".join(str(p) for _, _, p, _ in recvs)
-                text = (f"->{words}" if words else "") + (" " if words and back else "") + \
-                       (f"<-{back}" if back else "")
+                text = "  ".join(t for t in (f"to {words}" if words else "", f"from {back}" if back else "") if t)
                 if text:
-                    ax.text(x + 0.5, y + 0.5, text, ha="center", va="center", fontsize=6,
-                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
-        ax.set_xlim(0, max(len(row) for row in grid) if grid and grid[0] else 1)
-        ax.set_ylim(0, len(grid))
-        ax.set_yticks([len(grid) - 0.5 - r for r in range(len(grid))], [f"rank {r}" for r in range(len(grid))],
-                      fontsize=7)
-        ax.set_xticks([s + 0.5 for s in range(len(grid[0]) if grid else 0)],
-                      [str(s + 1) for s in range(len(grid[0]) if grid else 0)], fontsize=7)
+                    ax.text(x + 0.5, y + 0.15, text, ha="center", va="center", fontsize=6.5)
+        for first, last, kind in phases(grid):
+            ax.annotate("", (first + 0.05, rows + 0.12), (last + 0.95, rows + 0.12),
+                        arrowprops={"arrowstyle": "|-|", "lw": 0.8, "color": "0.3",
+                                    "shrinkA": 0, "shrinkB": 0, "mutation_scale": 3})
+            ax.text((first + last + 1) / 2, rows + 0.3, f"{kind}: {WHAT[kind]}" if last > first else kind,
+                    ha="center", va="center", fontsize=7.5, color="0.15")
+            if kind == "reduce-scatter":  # what each rank holds now: its finished slice
+                for rank, row in enumerate(grid):
+                    for lo, hi, _, _ in row[last][1] if last < len(row) else []:
+                        ax.add_patch(Rectangle((last + 0.05 + 0.9 * lo / span, rows - 1 - rank + 0.3),
+                                               0.9 * max(hi - lo, 0) / span, 0.31, fill=False, lw=1.4,
+                                               edgecolor="black"))
+        ax.set_xlim(0, steps)
+        ax.set_ylim(0, rows + 0.45)
+        ax.set_yticks([rows - 0.4 - r for r in range(rows)], [f"rank {r}" for r in range(rows)], fontsize=7)
+        used = max([len(row) for row in grid] + [0])
+        ax.set_xticks([s + 0.5 for s in range(used)], [str(s + 1) for s in range(used)], fontsize=7)
         ax.set_title(label, fontsize=9, loc="left")
         ax.tick_params(length=0)
         for side in ax.spines.values():
             side.set_visible(False)
-    axes[-1, 0].set_xlabel(f"step (each cell: the buffer of {count} elements; top: sent, bottom: received, "
-                           "hatched: added)", fontsize=8)
-    fig.legend(handles=[Patch(color=f"C{r % 10}", label=f"rank {r}") for r in range(n)],
-               loc="upper right", fontsize=7, ncol=min(n, 8), title="to / from", title_fontsize=7)
-    fig.suptitle(title, fontsize=10, x=0.02, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / fig.get_figheight()))  # room for the title and legend
+    axes[-1, 0].set_xlabel(f"step; each cell: the buffer of {count} elements, upper bar sent, lower bar "
+                           "received", fontsize=8)
+    handles = [Patch(color=f"C{r % 10}", label=f"rank {r}") for r in range(n)]
+    handles += [Patch(facecolor="0.6", hatch="///", edgecolor="white", label="added on arrival"),
+                Patch(facecolor="0.6", label="copied on arrival"),
+                Patch(fill=False, edgecolor="black", lw=1.4, label="finished: summed over every rank")]
+    fig.legend(handles=handles, loc="outside lower center", fontsize=7, ncol=min(len(handles), 5),
+               title="colour: the rank a slice goes to or comes from", title_fontsize=7)
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
     return _save(plt, fig, path)

@@ -22,7 +22,10 @@ What to watch for:
     difference is a bug. Rounds and bytes come from common/counting.py, which saw every message.
   * section 2 does the same for all-to-all with uneven blocks: rank r sends j*unit items to rank j.
   * section 3 runs reduce-scatter then all-gather against one all-reduce: same answer, same bytes as
-    lesson 05's ring, and the library's two halves timed against its whole.
+    lesson 05's ring, and the library's two halves timed against its whole, with a verdict only
+    beyond this run's noise (lesson 07's rule). Only where the halves are real: gloo has no
+    reduce-scatter (torch all-reduces the whole buffer and keeps one block); on gloo the lesson
+    measures what each call wrote to its sockets and shows it.
   * section 4 races each hand-made collective against the library with nccl-tests' columns (busbw
     = algbw * (N-1)/N for all three); where a library lacks a call, one line says what stands in.
   * section 5 is a mixture-of-experts layer: a seeded top-1 router sends each token to one expert
@@ -38,11 +41,13 @@ Lesson 10 imports reduce_scatter, all_gather and all_to_all from here (bootstrap
 """
 import os
 import sys
+import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, collectives, counting, p2p, report, shards  # noqa: E402
+from lessons import zoo_model  # noqa: E402  (lesson 07's timing rule: best of batches, and their spread)
 
 SEED = 9                  # rank r's data comes from seed SEED + r
 DTYPES = ("float32", "float64", "int32")
@@ -217,7 +222,7 @@ def show_exchange(ctx, a2a, itemsize):
 # ---------------------------------------------------------------- section 3: all-reduce from its halves
 def halves_make_whole(ctx, args, be, library, pick):
     """reduce-scatter + all-gather vs all-reduce: the same sum, the same bytes as lesson 05's ring,
-    and the time of the library's two halves against its whole."""
+    the time of the library's two halves against its whole, and (gloo) what each call really sent."""
     n, rank, five = ctx.world_size, ctx.rank, bootstrap.lesson_module("05")
     counts = shards.counts_displs(args.ar_count, n)[0]
     host = buffers.seeded(SEED + rank, args.ar_count, args.dtype, small_ints=True)
@@ -236,16 +241,39 @@ def halves_make_whole(ctx, args, be, library, pick):
     raw.sync()
     bad = wrong(out, buffers.to_host(whole))  # before the clock: the timed calls run in place, again and again
     sent = {k: seen(be, k)["bytes"] for k in ("rs+ag", "ring 05")}
+    wire = collectives.wire_bytes(ctx.comm, library, {  # gloo: what each call wrote to its sockets
+        "reduce_scatter": lambda: library.reduce_scatter(mine, x, counts),
+        "all_gather": lambda: library.all_gather(out, mine, counts), "allreduce": lambda: raw.allreduce(whole)})
     t = {"hand_rs_ag": lambda: (reduce_scatter(raw, x, mine, counts, rank, n),
                                 all_gather(raw, mine, out, counts, rank, n)),
          "hand_ring": lambda: five.ring_allreduce(ring, scratch, shards.chunk_bounds(args.ar_count, n), rank,
                                                   n, raw.exchange, five.inplace_add),
          "lib_rs_ag": lambda: (library.reduce_scatter(mine, x, counts), library.all_gather(out, mine, counts)),
          "lib_allreduce": lambda: raw.allreduce(whole)}
-    secs = {k: bandwidth.time_op(ctx.comm, fn, pick["warmup"], pick["iters"], raw.sync) for k, fn in t.items()}
+    spread = {}  # lesson 07's rule: best of interleaved batches, and how far this run's batches wander
+    secs = zoo_model.best_of(ctx, raw, t, pick["warmup"], pick["iters"], spread)
     return {"ar_count": args.ar_count, "wrong": bad, "rs_ag_bytes": sent["rs+ag"],
             "ring_bytes": sent["ring 05"], "rs_ag_total": ctx.comm.allreduce(sent["rs+ag"]),
-            "ring_total": ctx.comm.allreduce(sent["ring 05"]), **{f"{k}_us": v * 1e6 for k, v in secs.items()}}
+            "ring_total": ctx.comm.allreduce(sent["ring 05"]), "lib_wire": wire,
+            "lib_halves_real": (wire["reduce_scatter"] < 0.75 * wire["allreduce"] if wire  # a ring's: 0.5
+                                else "reduce_scatter" not in library.rules),
+            **{f"{k}_us": v * 1e6 for k, v in secs.items()}, **{f"{k}_noise_us": v * 1e6 for k, v in spread.items()}}
+
+
+def halves_verdict(w):
+    """One line on the library's halves against its whole: said only where the halves are real (a
+    reduce-scatter that sends (N-1)/N) and the gap is beyond this run's noise (lesson 07's rule)."""
+    if not w["lib_halves_real"]:
+        return ("its reduce-scatter sends what its all-reduce sends" + (" (measured above)" if w["lib_wire"] else "")
+                + ": it is an all-reduce that keeps one block. Its RS + AG is an all-reduce, then an all-gather, "
+                "not the two halves of one: no race of halves against the whole here")
+    gap = w["lib_rs_ag_us"] - w["lib_allreduce_us"]
+    noise = max(w["lib_rs_ag_noise_us"], w["lib_allreduce_noise_us"])
+    said = (f"RS + AG {w['lib_rs_ag_us']:.1f} us, all-reduce {w['lib_allreduce_us']:.1f} us, noise {noise:.1f} us "
+            f"(the larger spread between one call's {zoo_model.BATCHES} batches): ")
+    if abs(gap) <= noise:
+        return said + "a tie within this run's noise"
+    return said + ("the one call beats its halves called apart" if gap > 0 else "the halves beat the one call")
 
 
 def show_whole(ctx, whole, itemsize):
@@ -254,22 +282,31 @@ def show_whole(ctx, whole, itemsize):
         return
     n, w = ctx.world_size, whole
     size = w["ar_count"] * itemsize
+    wire = w["lib_wire"]
+    lib_rs_ag = per_rank([m["lib_wire"]["reduce_scatter"] + m["lib_wire"]["all_gather"] for m in every]) if wire else "-"
+    lib_ar = per_rank([m["lib_wire"]["allreduce"] for m in every]) if wire else "-"
     print(f"{w['ar_count']} items ({size} B) per rank; the library's all-reduce is the reference")
     print(report.table(["", "bytes sent per rank", "all ranks", "time us", "#wrong"],
                        [["RS + AG by hand", per_rank([m["rs_ag_bytes"] for m in every]), w["rs_ag_total"],
                          round(w["hand_rs_ag_us"], 1), sum(m["wrong"] for m in every)],
                         ["lesson 05's ring", per_rank([m["ring_bytes"] for m in every]), w["ring_total"],
                          round(w["hand_ring_us"], 1), "-"],
-                        ["library RS + AG", "-", "-", round(w["lib_rs_ag_us"], 1), "-"],
-                        ["library all-reduce", "-", "-", round(w["lib_allreduce_us"], 1), "-"]],
+                        ["library RS + AG", lib_rs_ag, "-", round(w["lib_rs_ag_us"], 1), "-"],
+                        ["library all-reduce", lib_ar, "-", round(w["lib_allreduce_us"], 1), "-"]],
                        align=[0, 0, 1, 1, 1]))
-    print(f"all ranks: 2(N-1) x {size} B = {2 * (n - 1) * size} B, both ways: the ring is the two halves")
-    if n > 1 and w["lib_allreduce_us"] > 0:
-        ratio = w["lib_rs_ag_us"] / w["lib_allreduce_us"]
-        verdict = ("about the same: the whole costs what its halves do" if 0.8 <= ratio <= 1.25
-                   else "the one call beats its halves called apart" if ratio > 1.25
-                   else "the halves beat the one call")
-        print(f"library: RS + AG = {ratio:.2f}x all-reduce's time, {verdict}", flush=True)
+    print(f"all ranks: 2(N-1) x {size} B = {2 * (n - 1) * size} B, both ways: the ring is the two halves\n"
+          f"time: best of {zoo_model.BATCHES} interleaved batches (the slowest rank's mean of each)")
+    if wire:
+        print(wrapped(f"library bytes: measured, what each rank wrote to its sockets in one call (headers "
+                      f"included): reduce-scatter {wire['reduce_scatter']} B, all-gather {wire['all_gather']} B, "
+                      f"all-reduce {wire['allreduce']} B on rank 0; a ring sends (N-1)/N = "
+                      f"{(n - 1) * size // n} B for either half"))
+    if n > 1:
+        print(wrapped("library: " + halves_verdict(w)), flush=True)
+
+
+def wrapped(text):
+    return textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False)
 
 
 # ---------------------------------------------------------------- section 4: the race
@@ -449,7 +486,7 @@ def main():
     itemsize = np.dtype(args.dtype).itemsize
     be = counting.Counted(p2p.backend(ctx), n, rank=rank)  # exchange: Sendrecv / ncclSend+Recv / batch_isend_irecv
     library = collectives.library(ctx)
-    lib = counting.Counted(library, n, rank=rank)
+    lib = counting.Counted(library, n, rank=rank, rules=library.rules)
     raced = not args.no_race and n > 1
     params = {"dtype": args.dtype, "itemsize": itemsize, "counts": args.counts, "skew_items": args.skew,
               "unit": args.unit, "ar_count": args.ar_count, "tokens": args.tokens, "dmodel": DMODEL,
@@ -460,7 +497,7 @@ def main():
     runs = halves(ctx, args, be, lib)
     show_halves(ctx, runs, itemsize)
     if rank == 0 and library.missing:
-        print("\n".join(f"the library here: {line}" for line in library.missing.values()), flush=True)
+        print("\n".join(wrapped(f"the library here: {line}") for line in library.missing.values()), flush=True)
     report.section(ctx, "2. all-to-all by hand, pairwise: uneven blocks")
     a2a = exchange_all(ctx, args, be, lib)
     show_exchange(ctx, a2a, itemsize)

@@ -32,10 +32,12 @@ What to watch for:
   3. the ZeRO table (counted, measured): bytes each rank sent per step, phase by phase, beside data
      parallelism's, in units of the padded parameter bytes P times (N-1)/N, the volume of one ring
      all-gather or reduce-scatter: ZeRO-3 sends 1 in forward and 2 in backward (3 in all), data
-     parallelism 2, all in backward; (d)'s column is nominal (what a ring would send for the
-     library's calls). And the bytes each rank holds: parameters (peak, measured by
-     tracking every array until Python frees it: my shards plus one gathered layer), gradients (peak:
-     my gradient shards plus one layer's full gradient), Adam's m and v (2 x my shards).
+     parallelism 2, all in backward; (d)'s column is nominal: what the library's algorithm sends for
+     its calls, a ring's volume, except on gloo, whose reduce-scatter is an all-reduce that keeps one
+     block (2 units, so 4 in all: lesson 09 measures it). And the bytes each rank holds:
+     parameters (peak, measured by tracking every array until Python frees it: my shards plus one
+     gathered layer), gradients (peak: my gradient shards plus one layer's full gradient), Adam's m
+     and v (2 x my shards).
   4. on --api torch: torch's own FSDP (torch.distributed.fsdp.fully_shard) trains the same model from
      the same weights; its parameters must equal (a)'s. It shards each parameter tensor along its first
      dimension instead of one flat vector per layer: the items each rank holds are shown.
@@ -294,7 +296,7 @@ def library_backend(ctx, n):
     lib, be = collectives.library(ctx), p2p.backend(ctx)
     calls = types.SimpleNamespace(all_gather=lib.all_gather, reduce_scatter=lib.reduce_scatter,
                                   allreduce=be.allreduce, sync=lib.sync)
-    return lib, counting.Counted(calls, n)
+    return lib, counting.Counted(calls, n, rules=lib.rules)  # rules: gloo's reduce-scatter is an all-reduce
 
 
 def max_diff(a, b):
@@ -378,9 +380,9 @@ def show_equal(ctx, args, rows, lib):
     print(f"(d) = (a)'s code on the library's calls: {lib.names['all_gather']}, "
           f"{lib.names['reduce_scatter']}")
     for op in ("all_gather", "reduce_scatter"):
-        if op in lib.missing:
-            print(wrapped(f"  {lib.missing[op]}; the padded shards are equal, so it takes them as "
-                          "they are"))
+        if op in lib.missing:  # a line on padding gets what it means here: no padding is needed
+            print(wrapped(f"  {lib.missing[op]}" + ("; the padded shards are equal, so it takes them as "
+                                                     "they are" if "padded" in lib.missing[op] else "")))
     print(end="", flush=True)
 
 
@@ -392,7 +394,7 @@ def ratio(x, unit):
     return f"{x / unit:.2f}" if unit else "-"
 
 
-def show_zero_table(ctx, mine, rows, padded_bytes):
+def show_zero_table(ctx, mine, rows, padded_bytes, lib):
     """The standard ZeRO table, counted and measured on this run: rank 0's figures (all ranks' when
     they differ)."""
     n = ctx.world_size
@@ -417,8 +419,12 @@ def show_zero_table(ctx, mine, rows, padded_bytes):
     else:
         print(f"x: in units of P (N-1)/N = {unit} B, P = {padded_bytes} B the padded parameters; "
               + ("the same on every rank" if same else "the ranks differ"))
-        print("(d) nominal: what a ring sends for the library's calls (a library does not say what it "
-              "sent)")
+        gloo = "reduce_scatter" in lib.rules
+        print(wrapped(f"(d) nominal: what the library's algorithm sends for its calls, "
+                      f"{ratio(sum(rows[0]['library_sent'].values()), unit)} x" + (
+                          ": gloo's reduce-scatter is an all-reduce that keeps one block, 2 units where a "
+                          "ring's is 1 (lesson 09 measures its bytes)" if gloo else
+                          " (a ring's volume: the library does not say what it sent)")))
     r = rows[0]
     extra = r["peak_gathered_bytes"]
     largest = mine["largest_padded_bytes"]
@@ -510,6 +516,7 @@ def main():
            "library_sent": {ph: be_lib.total(phases=[ph]) // steps for ph in ("forward", "backward",
                                                                                "step")},
            "comm": {"zero3": be.counts, "dp": be_dp.counts, "zero3_library": be_lib.counts}}
+    row["library_total"] = sum(row["library_sent"].values())
     row["zero3_over_dp"] = sum(row["sent"].values()) / dp_per_step if dp_per_step else None
 
     report.section(ctx, f"1. the shards: MLP {' -> '.join(map(str, args.sizes))}, {args.dtype}, "
@@ -530,7 +537,7 @@ def main():
     largest = max(-(-layer_items(*d) // n) * n for d in dims) * itemsize
     every = ctx.comm.gather({k: row[k] for k in row if k not in ("comm", "layers")}, root=0)
     if rank == 0:
-        show_zero_table(ctx, {"largest_padded_bytes": largest}, every, padded_bytes)
+        show_zero_table(ctx, {"largest_padded_bytes": largest}, every, padded_bytes, lib)
 
     if ctx.api == "torch":
         report.section(ctx, "4. torch's own FSDP: fully_shard on the same model, weights and slices")

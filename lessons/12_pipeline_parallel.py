@@ -5,7 +5,10 @@ micro-batches. A micro-batch's forward runs stage 0, 1, ..., p-1: each stage sen
 activation) to the next. Its backward runs the other way: each stage sends the gradient of its input
 to the previous one. Only neighbours talk, and only micro-batch activations travel, never parameters.
   GPipe  every stage runs all m forwards, then all m backwards (here B(m-1) .. B0, last in first out;
-         B0 .. B(m-1) on every stage takes as long). Each stage holds all m micro-batches' activations.
+         B0 .. B(m-1) on every stage takes as long). Here, without re-materialization, each stage
+         holds every activation of all m micro-batches until their backwards. GPipe's paper
+         re-materializes: a stage keeps only each micro-batch's input and recomputes the rest in the
+         backward, so it holds m inputs plus one micro-batch's activations, for a second forward.
   1F1B   stage s runs a warm-up of min(p-s-1, m) forwards, then alternates one forward, one backward,
          then a cool-down of the backwards left. A micro-batch's activations are freed by its backward
          as soon as it can run, so stage s holds at most min(p-s, m) of them (PipeDream-Flush, the
@@ -45,13 +48,15 @@ What to watch for:
      bits (measured: below 5e-16 in float64, 2e-7 in float32); the checks allow 1e-12 / 1e-5.
   4. the bubble, two ways: in ticks, counted in the executed run (each rank counts the ticks it
      walked and those it ran an op in), graded against (p-1)/(m+p-1); and in wall-clock time (the
-     time outside ops over the time of the whole walk), reported only: a sentence says so when it
-     shows the formula, and when it does not, the causes this run measured (stages of unequal work,
-     messages that cost as much as an op, more ranks than cores, a load average above the ranks).
+     time outside ops, and the time in message groups, over the time of the whole walk), reported
+     only: a sentence says so when it shows the formula, and when it does not, the causes this run
+     measured (time in message groups beyond the bubble, stages of unequal work and how much of the
+     walk it can explain, Python between ops, more ranks than cores, a load average above them).
   5. the cost (counted by common/counting.Counted, measured by tracking every stashed array until
      Python frees it): stage s < p-1 sends m activations, B x hidden x itemsize bytes in all; stage
      s > 0 sends m gradients, as many bytes; activations held at the peak, in micro-batches: GPipe m
-     on every stage, 1F1B min(p-s, m).
+     on every stage, 1F1B min(p-s, m). Then 1F1B again with m = p-2 micro-batches (p >= 3), fewer
+     than the stages, graded by the same checks: its warm-up must stop at m.
   6. on --api torch: torch.distributed.pipelining (PipelineStage, ScheduleGPipe, Schedule1F1B) runs the
      same stages from the same weights; its loss and gradients must equal one process's (checked).
      Its stages size their receive buffers from the first micro-batch, so every micro-batch must have
@@ -114,11 +119,11 @@ def one_f_one_b_order(stage, p, m):
 ORDERS = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
 
 
-def checked_plan(name, p, m):
+def checked_plan(name, p, m, label=""):
     """Every stage's order, placed on ticks and its messages matched: the same on every rank, so a
     broken order stops every rank with the same error before a message is posted."""
     try:
-        return plan([ORDERS[name](s, p, m) for s in range(p)], m, f"the {TITLE[name]} schedule")
+        return plan([ORDERS[name](s, p, m) for s in range(p)], m, f"the {TITLE[name]} schedule{label}")
     except ScheduleError as exc:
         raise RuntimeError(str(exc)) from None
 
@@ -266,6 +271,25 @@ def walk(ctx, stage, pl, be, x, t, micro, batch, hidden):
                              total=total)
 
 
+def run_schedule(ctx, stage, name, pl, x, t, micro, asked, args, ref_loss, ref_grads, comm, label=None):
+    """Walk one schedule's plan, counted; its results row (micro: the m this run was asked for, which the
+    checks' closed forms read: micro-batches cut wrong still fail them)."""
+    be = counting.Counted(p2p.backend(ctx), ctx.world_size)
+    loss, grads, seen = walk(ctx, stage, pl, be, x, t, micro, args.batch, args.hidden)
+    loss = ctx.comm.bcast(loss, root=ctx.world_size - 1)  # plain MPI, uncounted: for checking only
+    comm[label or name] = be.counts
+    return {"schedule": label or name, "micro": asked, "loss": loss, "loss_err": abs(loss - ref_loss),
+            "grad_err": max_diff(grads, ref_grads),
+            "ticks": seen["ticks"], "ran": seen["ran"], "bubble": 1 - seen["ran"] / seen["ticks"],
+            "peak": seen["held"].peak, "peak_bytes": seen["held"].peak_bytes,
+            "busy_s": seen["busy"], "waited_s": seen["waited"], "wall_s": seen["total"],
+            "quickest_group_s": seen["quickest"],
+            "groups": be.total(field="calls"), "wall_idle": 1 - seen["busy"] / seen["total"],
+            "phases": [{"phase": ph, "msgs": be.total([ph], field="msgs"),
+                        "bytes": be.total([ph]), "recv_bytes": be.total([ph], field="recv_bytes")}
+                       for ph in ("forward", "backward")]}
+
+
 # ---------------------------------------------------------------- one process, the whole batch
 def one_process(ten, dims, flats, x, t, batch):
     """The loss and every layer's gradient, on the host, whole batch, whole model (the reference)."""
@@ -382,34 +406,41 @@ def show_bubble(ctx, every, formula, cores):
     n, rows = ctx.world_size, []
     for r, _, _, _, runs in every:
         rows.append((r,) + tuple(x for name in SCHEDULES for x in (
-            f"{runs[name]['ran']}/{runs[name]['ticks']}", runs[name]["bubble"],
-            runs[name]["wall_idle"])))
-    print(report.table(["rank"] + [f"{TITLE[nm]} {w}" for nm in SCHEDULES for w in
-                                   ("busy/ticks", "idle", "wall idle")], rows,
-                       align=[True] * 7))
-    print(f"(p-1)/(m+p-1) = {formula:.4f}. idle: idle ticks / ticks walked, in the run (graded). "
-          "wall idle: 1 - time\nin ops / time of the walk, on each rank's clock (reported only)")
-    walls = [runs[name]["wall_idle"] for *_, runs in every for name in SCHEDULES]
-    op_us = [1e6 * sum(runs[nm]["busy_s"] for nm in SCHEDULES) / max(sum(runs[nm]["ran"] for nm in
-             SCHEDULES), 1) for *_, runs in every]           # per rank: one op, on average
-    msg_us = min(1e6 * runs[nm]["quickest_group_s"] for *_, runs in every for nm in SCHEDULES)
+            f"{runs[name]['ran']}/{runs[name]['ticks']}", round(runs[name]["bubble"], 3),
+            round(runs[name]["wall_idle"], 3), round(runs[name]["waited_s"] / runs[name]["wall_s"], 3))))
+    print(report.table(["rank"] + [w for nm in SCHEDULES for w in
+                                   (f"{TITLE[nm]} busy/ticks", "idle", "wall idle", "in msgs")], rows,
+                       align=[True] * 9))
+    print(wrapped(f"(p-1)/(m+p-1) = {formula:.4f}. idle: idle ticks / ticks walked, in the run (graded). "
+                  "wall idle: 1 - time in ops / time of the walk; in msgs: time in message groups (the "
+                  "transfer, and the wait for a neighbour) / time of the walk; each on its rank's clock "
+                  "(reported only)"))
     if n == 1:
         print("one stage: no one to wait for, no bubble", flush=True)
         return
+    runs = [runs[nm] for *_, runs in every for nm in SCHEDULES]
+    walls, msgs = [r["wall_idle"] for r in runs], [r["waited_s"] / r["wall_s"] for r in runs]
+    other = [1 - (r["busy_s"] + r["waited_s"]) / r["wall_s"] for r in runs]
+    op_us = [1e6 * sum(runs[nm]["busy_s"] for nm in SCHEDULES) / max(sum(runs[nm]["ran"] for nm in
+             SCHEDULES), 1) for *_, runs in every]           # per rank: one op, on average
     ops = f"an op took {min(op_us):.0f}-{max(op_us):.0f} us (mean per rank)"
     if all(abs(w - formula) <= 0.05 + 0.2 * formula for w in walls):
         print(wrapped(f"the wall clock shows the bubble too: every rank's wall idle is within 0.05 + "
-                      f"20% of (p-1)/(m+p-1); {ops}, the quickest message exchange {msg_us:.0f} us"),
-              flush=True)
+                      f"20% of (p-1)/(m+p-1); {ops}"), flush=True)
         return
-    why = []  # each reason only where this run's numbers show it
-    if max(op_us) > 1.25 * min(op_us):
-        why.append(f"{ops}: the slowest stage sets the pace and the others wait for it (the "
-                   "formula counts equal stages)")
-    if msg_us > 0.25 * min(op_us):
-        why.append(f"the quickest message exchange took {msg_us:.0f} us, an op {min(op_us):.0f}-"
-                   f"{max(op_us):.0f} us: every tick pays for its messages too (the formula counts "
-                   "them free)")
+    why, beyond = [], 0.05 + 1.2 * formula  # each reason only where this run's numbers show it
+    if min(msgs) > beyond:
+        why.append(f"every rank spent {min(msgs):.0%}-{max(msgs):.0%} of its walk in message groups, where "
+                   f"the ticks leave {formula:.0%} idle: the messages, and the waits behind them, cost "
+                   "that much (the formula counts messages free)")
+    worst = (max(op_us) - min(op_us)) * every[0][4]["gpipe"]["ran"] / 1e6  # s: each of 2m ops, waited
+    share = worst / min(r["wall_s"] for r in runs)
+    if max(op_us) > 1.25 * min(op_us) and share > 0.05:
+        why.append(f"{ops}: stages of unequal work, so the others wait for the slowest, at most "
+                   f"{share:.0%} of a walk (the formula counts equal stages)")
+    if max(other) > 0.1:
+        why.append(f"up to {max(other):.0%} of a walk was neither an op nor a message group: Python "
+                   "walking the grid, between them")
     if n > cores:
         why.append(f"{n} ranks share {cores} core(s): a rank's clock also runs while another rank "
                    "has its core")
@@ -447,6 +478,21 @@ def show_cost(ctx, every, m, itemsize, args):
           flush=True)
 
 
+def show_few(ctx, run, few):
+    """1F1B with fewer micro-batches than stages: what each stage held, and whether it was right."""
+    n = ctx.world_size
+    got = ctx.comm.gather((run["peak"], run["bubble"]), root=0)
+    if ctx.rank:
+        return
+    held = [g[0] for g in got]
+    want = [min(n - s, few) for s in range(n)]
+    batches = f"{few} micro-batch" + ("es" if few > 1 else "")
+    print(f"1F1B again with m = {batches}, fewer than the {n} stages (graded like the main run):\n"
+          f"  warm-up min(p-s-1, m); held at the peak, stage 0..{n - 1}: {' '.join(map(str, held))} "
+          f"(min(p-s, m): {' '.join(map(str, want))});\n  idle ticks {got[0][1]:.3f} of stage 0's "
+          f"((p-1)/(m+p-1) = {(n - 1) / (few + n - 1):.3f})", flush=True)
+
+
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--layers", type=bootstrap.positive(int), default=LAYERS,
@@ -476,6 +522,9 @@ def main():
     split = shards.chunk_bounds(args.layers, n)    # stage s holds layers split[s]
     micro = shards.chunk_bounds(args.batch, m)     # micro-batch i is rows micro[i]
     plans = {name: checked_plan(name, n, m) for name in SCHEDULES}
+    few = n - 2 if n >= 3 else 0  # m < p - 1: a warm-up of p - s - 1 forwards would not fit in m
+    few_plan = few and checked_plan("1f1b", n, few,
+                                    f" with m = {few} micro-batch(es) for {n} stages (a warm-up stops at m)")
     ref_loss, ref_grads = one_process(ten, dims, flats, host_x, host_t, args.batch)
     stage = Stage(ctx, xp, ten, dims, flats, split[rank])
     itemsize, tol = dtype.itemsize, TOL[args.dtype]
@@ -489,23 +538,13 @@ def main():
     if rank == 0:
         show_grids(ctx, plans, m, args.grid)
 
-    runs, comm, grads_of = [], {}, {}
+    runs, comm = [], {}
     for name in SCHEDULES:
-        be = counting.Counted(p2p.backend(ctx), n)
-        loss, grads, seen = walk(ctx, stage, plans[name], be, x, t, micro, args.batch, args.hidden)
-        loss = ctx.comm.bcast(loss, root=n - 1)  # plain MPI, uncounted: for checking only
-        grads_of[name], comm[name] = grads, be.counts
-        groups = be.total(field="calls")
-        runs.append({"schedule": name, "loss": loss, "loss_err": abs(loss - ref_loss),
-                     "grad_err": max_diff(grads, ref_grads),
-                     "ticks": seen["ticks"], "ran": seen["ran"], "bubble": 1 - seen["ran"] / seen["ticks"],
-                     "peak": seen["held"].peak, "peak_bytes": seen["held"].peak_bytes,
-                     "busy_s": seen["busy"], "waited_s": seen["waited"], "wall_s": seen["total"],
-                     "quickest_group_s": seen["quickest"],
-                     "groups": groups, "wall_idle": 1 - seen["busy"] / seen["total"],
-                     "phases": [{"phase": ph, "msgs": be.total([ph], field="msgs"),
-                                 "bytes": be.total([ph]), "recv_bytes": be.total([ph], field="recv_bytes")}
-                                for ph in ("forward", "backward")]})
+        runs.append(run_schedule(ctx, stage, name, plans[name], x, t, micro, args.micro, args, ref_loss,
+                                 ref_grads, comm))
+    if few:  # also graded: 1F1B with fewer micro-batches than stages, where the warm-up must stop at m
+        runs.append(run_schedule(ctx, stage, "1f1b", few_plan, x, t, shards.chunk_bounds(args.batch, few),
+                                 few, args, ref_loss, ref_grads, comm, label="1f1b few"))
 
     report.section(ctx, "3. the loss and every layer's gradient, against one process")
     lo, hi = split[rank]
@@ -524,7 +563,10 @@ def main():
     report.section(ctx, "5. the cost: messages each stage sent, activations it held")
     if rank == 0:
         show_cost(ctx, every, m, itemsize, args)
+    if few:
+        show_few(ctx, runs[-1], few)
 
+    torch_runs = []
     if ctx.api == "torch":
         report.section(ctx, "6. torch.distributed.pipelining: the same stages, ScheduleGPipe and "
                             "Schedule1F1B")
@@ -533,15 +575,20 @@ def main():
         rows = m * (args.batch // m)
         ref_loss_t, ref_grads_t = one_process(ten, dims, flats, host_x[:rows], host_t[:rows], rows)
         got = []
-        for run in runs:
-            loss, grads = torch_pipelining(ctx, stage, run["schedule"], x[:rows], t[:rows], m, rows)
+        # torch's Schedule1F1B refuses fewer micro-batches than stages (a ValueError): not run then
+        names = [name for name in SCHEDULES if name == "gpipe" or m >= n]
+        for name in names:
+            loss, grads = torch_pipelining(ctx, stage, name, x[:rows], t[:rows], m, rows)
             loss = ctx.comm.bcast(loss, root=n - 1)  # plain MPI, uncounted: for checking only
-            run["torch_vs_ref"] = max(abs(loss - ref_loss_t), max_diff(grads, ref_grads_t))
-            got.append(run["torch_vs_ref"])
-        every = ctx.comm.gather((rank, *got), root=0)
+            got.append({"schedule": name, "torch_vs_ref": max(abs(loss - ref_loss_t),
+                                                              max_diff(grads, ref_grads_t))})
+        torch_runs = got
+        every = ctx.comm.gather((rank, *(g["torch_vs_ref"] for g in got)), root=0)
         if rank == 0:
-            print(report.table(["rank", "GPipe: max |torch - ref|", "1F1B: max |torch - ref|"],
+            print(report.table(["rank"] + [f"{TITLE[name]}: max |torch - ref|" for name in names],
                                ten.once(every), align=[True] * 3))
+            if len(names) < len(SCHEDULES):
+                print(f"Schedule1F1B not run: torch refuses fewer micro-batches ({m}) than stages ({n})")
             print(f"over the loss and my layers' gradients; PipelineStage(net, s, p), scale_grads=False"
                   + ("" if rows == args.batch else
                      f"\non the first {rows} rows (m x floor(B/m)): its stages size their receive "
@@ -550,7 +597,7 @@ def main():
     params = {"layers": args.layers, "hidden": args.hidden, "batch": args.batch, "micro": args.micro,
               "dtype": args.dtype, "itemsize": itemsize, "tol": tol}
     report.finish(ctx, {"first_layer": split[rank][0], "stage_layers": split[rank][1] - split[rank][0],
-                        "runs": runs, "comm": comm}, params=params)
+                        "runs": runs, "torch": torch_runs, "comm": comm}, params=params)
 
 
 if __name__ == "__main__":

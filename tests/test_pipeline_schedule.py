@@ -170,3 +170,31 @@ def test_gpipe_backwards_in_forward_order_on_every_stage_take_as_long():
     fifo = [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
     pl = ps.plan(fifo, m)
     assert pl.ticks == 2 * (m + p - 1) and [held(o) for o in fifo] == [m] * p
+
+
+def bubble_rows(op_us, msgs_share, p=4, m=8):
+    """Section 4's gathered rows for ranks whose ops took op_us[r] each and who spent msgs_share of the
+    walk in message groups (the quickest group: 1 us, as on a machine where a lone exchange is cheap)."""
+    rows = []
+    for r, op in enumerate(op_us):
+        busy = 2 * m * op * 1e-6
+        wall = busy / (1 - msgs_share)
+        run = {"ran": 2 * m, "ticks": 2 * (m + p - 1), "bubble": (p - 1) / (m + p - 1), "busy_s": busy,
+               "waited_s": wall * msgs_share, "wall_s": wall, "wall_idle": 1 - busy / wall,
+               "quickest_group_s": 1e-6}
+        rows.append((r, "0", {}, {}, {"gpipe": run, "1f1b": run}))
+    return rows
+
+
+@pytest.mark.parametrize("op_us, msgs, says, not_said", [
+    ([40, 40, 40, 40], 0.95, "of its walk in message groups", "unequal work"),    # messages, measured
+    ([40, 42, 41, 43], 0.95, "of its walk in message groups", "unequal work"),    # 3 us apart: too little
+    ([20, 50, 20, 20], 0.45, "stages of unequal work", "Python walking"),
+])
+def test_the_wall_clock_reasons_rest_on_what_was_measured(op_us, msgs, says, not_said, capsys, monkeypatch):
+    monkeypatch.setattr(twelve.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    ctx = type("Ctx", (), {"world_size": 4})()
+    twelve.show_bubble(ctx, bubble_rows(op_us, msgs), 3 / 11, cores=8)
+    text = capsys.readouterr().out
+    assert says in text and not_said not in text, text
+    assert all(len(line) <= 100 for line in text.splitlines()), text

@@ -84,3 +84,69 @@ def test_a_run_writes_both_pictures(lesson, args, tmp_path):
     bad = subprocess.run(cmd[:-6] + ["--plot", str(tmp_path / "nowhere" / "p.png")], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "no such folder" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def drawn_figure(monkeypatch, draw):
+    """The figure a plot function made, kept open (its _save still writes the file)."""
+    kept = []
+    monkeypatch.setattr(plot, "_save", lambda plt, fig, path: (kept.append(fig), fig.savefig(path, dpi=plot.DPI),
+                                                               f"wrote {path}")[-1])
+    draw()
+    assert kept, "the function saved no figure"
+    return kept[0]
+
+
+def test_busbw_has_a_log_y_axis_so_small_sizes_are_not_flattened_to_zero(tmp_path, monkeypatch):
+    sizes = [8 * 4 ** k for k in range(10)]
+    fig = drawn_figure(monkeypatch, lambda: plot.busbw_png(tmp_path / "b.png", sizes,
+                                                           {"ring": [1e-6 * 4 ** k for k in range(10)],
+                                                            "lib": [0.0] + [2e-6 * 4 ** k for k in range(1, 10)]}, "t"))
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_xscale() == "log"
+    low, high = ax.get_ylim()
+    assert low <= 1e-6 and high >= 1e-6 * 4 ** 9  # the smallest size's busbw is on the axis, not at its foot
+    assert_drawn(tmp_path / "b.png", (700, 400))
+
+
+def test_the_phases_are_named_from_what_the_schedule_does():
+    n, count = 4, 7
+    bounds = shards.chunk_bounds(count, n)
+    ring05 = [[([(*bounds[s], (r + 1) % n)], [(*bounds[v], (r - 1) % n, "add" if ph == "reduce-scatter" else "copy")])
+               for ph, _, s, v in ring.ring_schedule(r, n)] for r in range(n)]
+    assert plot.phases(ring05) == [(0, 2, "reduce-scatter"), (3, 5, "all-gather")]
+    named = {algo: [kind for *_, kind in plot.phases([sched.canonical(zoo.schedule(algo, r, n, count, 2))
+                                                      for r in range(n)])]
+             for algo in ("rd", "rabenseifner", "tree")}
+    assert named == {"rd": ["all-reduce"], "rabenseifner": ["reduce-scatter", "all-gather"],
+                     "tree": ["reduce", "broadcast"]}
+
+
+def test_the_schedule_picture_has_no_overlapping_words(tmp_path, monkeypatch):
+    """A learner reads it without the lesson: no label covers another, none runs off the canvas."""
+    n, count = 4, 7
+    bounds = shards.chunk_bounds(count, n)
+    ring05 = [[([(*bounds[s], (r + 1) % n)], [(*bounds[v], (r - 1) % n, "add" if ph == "reduce-scatter" else "copy")])
+               for ph, _, s, v in ring.ring_schedule(r, n)] for r in range(n)]
+    grids = {"ring (05)": ring05, "tree (07)": [sched.canonical(zoo.schedule("tree", r, n, count, 2)) for r in range(n)]}
+    fig = drawn_figure(monkeypatch, lambda: plot.schedule_png(tmp_path / "s.png", grids, count, "a title"))
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in fig.findobj(lambda a: hasattr(a, "get_text"))
+             if a_visible_text(t)]
+    legend = fig.legends[0].get_window_extent(renderer)
+    canvas = fig.bbox
+    for i, a in enumerate(boxes):
+        assert canvas.x0 <= a.x0 and a.x1 <= canvas.x1 and canvas.y0 <= a.y0 and a.y1 <= canvas.y1
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), f"{a} overlaps {b}"
+    for ax in fig.axes:  # and no word sits on a slice: the bars stay readable
+        bars = [p.get_window_extent(renderer) for p in ax.patches if p.get_facecolor()[:3] != (0.92, 0.92, 0.92)]
+        for t in ax.texts:
+            box = t.get_window_extent(renderer)
+            assert not any(box.overlaps(bar) for bar in bars), f"{t.get_text()!r} covers a slice"
+    words = [t for t in fig.texts if t.get_text() == "a title"]
+    assert words and not words[0].get_window_extent(renderer).overlaps(legend)  # the legend is off the title
+
+
+def a_visible_text(t):
+    from matplotlib.text import Text
+    return isinstance(t, Text) and t.get_visible() and bool(t.get_text().strip())

@@ -118,3 +118,29 @@ def test_the_mixture_of_experts_equals_one_process(n):
     sent = np.array([s for _, s, _ in out])
     assert all((got == sent[:, r]).all() for r, (_, _, got) in enumerate(out))  # counts went first
     assert sent.sum() == 40 * n
+
+
+def test_written_counts_what_this_process_writes(tmp_path):
+    """collectives.written(), the meter lesson 09 reads around one gloo call: this process's writes."""
+    from common import collectives
+    before = collectives.written()
+    if before is None:
+        pytest.skip("no /proc/self/io here")
+    with open(tmp_path / "out", "wb", buffering=0) as f:
+        f.write(b"x" * 100_000)
+    assert 100_000 <= collectives.written() - before < 100_000 + 4096
+
+
+@pytest.mark.parametrize("real, wire, rs_ag, whole, noise, says", [
+    (False, {"reduce_scatter": 350680}, 5588.0, 1223.0, 10.0, "no race of halves against the whole"),
+    (True, {}, 25451.0, 7556.0, 11501.0, "the one call beats its halves"),      # a gap beyond the noise
+    (True, {}, 9000.0, 7556.0, 11501.0, "a tie within this run's noise"),       # within it: no verdict
+    (True, {}, 5000.0, 7556.0, 1000.0, "the halves beat the one call"),
+])
+def test_the_halves_race_the_whole_only_where_they_are_real_and_beyond_the_noise(real, wire, rs_ag, whole, noise,
+                                                                                 says):
+    w = {"lib_halves_real": real, "lib_wire": wire, "lib_rs_ag_us": rs_ag, "lib_allreduce_us": whole,
+         "lib_rs_ag_noise_us": noise, "lib_allreduce_noise_us": noise / 2}
+    text = nine.halves_verdict(w)
+    assert says in text, text
+    assert ("a tie" in text) == (real and abs(rs_ag - whole) <= noise)

@@ -110,3 +110,18 @@ def test_the_overlap_is_read_only_as_far_as_the_clock_goes(transport, ring, comp
     assert ("progress thread" in text) == (transport == "mpi" and says == "little was hidden")
     assert ("share 2 cores" in text) == (says != "too little next to the compute")
     assert hidden == pytest.approx((compute + transfers - ring) / transfers)
+
+
+@pytest.mark.parametrize("contig, zig, busiest_c, busiest_z, says", [
+    (30.0, 20.0, 12.0, 6.0, "each step waits for the busiest rank"),         # the compute agrees
+    (30.0, 20.0, 6.0, 6.5, "does not show the load balance"),  # the ring alone
+    (20.0, 20.0, 12.0, 6.0, "about the same"),
+])
+def test_the_load_balance_reason_needs_the_busiest_ranks_compute_to_agree(contig, zig, busiest_c, busiest_z,
+                                                                          says):
+    ctx = type("Ctx", (), {"world_size": 4})()
+    lines = lesson.causal_ring_lines(ctx, contig / 1e3, zig / 1e3, (100, 60), 2,
+                                     {"contiguous": busiest_c / 1e3, "zigzag": busiest_z / 1e3})
+    text = "\n".join(lines)
+    assert says in text and all(len(line) <= 100 for line in text.splitlines()), text
+    assert ("each step waits for the busiest rank" in text) == (busiest_c >= 1.2 * busiest_z and contig >= 1.2 * zig)

@@ -184,6 +184,12 @@ CANNOT_FAIL = {
         "all-reduce of the rank ids is N(N-1)/2 on every rank":
             "the lesson asserts the same sum before it reports: a wrong all-reduce stops the run (a crashes case)",
     },
+    "09_reduce_scatter_alltoall": {
+        name: "the library's bytes on its sockets, not the learner's code: it fails when a torch release "
+              "changes gloo's calls, and so the lesson's words about them"
+        for name in ("gloo has no reduce-scatter: its call writes an all-reduce's 2(N-1)/N of the buffer to "
+                     "the sockets", "gloo's all-gather is a real one: (N-1)/N of the buffer to the sockets")
+    },
 }
 
 
