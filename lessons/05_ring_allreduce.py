@@ -44,7 +44,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bandwidth, bootstrap, buffers, counting, p2p, plot, report, shards  # noqa: E402
+from common import bandwidth, bootstrap, buffers, counting, guard, p2p, plot, report, shards  # noqa: E402
 
 DTYPES = ("float32", "float64", "int32")
 EPS = {"float32": 1.2e-7, "float64": 2.3e-16, "int32": 0.0}  # machine epsilon (ints: exact)
@@ -309,6 +309,8 @@ def main():
     except ValueError as exc:
         ctx.fail(str(exc))
     raced = not args.no_race and n > 1
+    if args.csv and guard.refusal(args.csv, "CSV"):  # said before any work, not after the race
+        ctx.fail(f"--csv {guard.refusal(args.csv, 'CSV')}")
     for flag, path in (("--plot", args.plot), ("--trace-png", args.trace_png)):
         problem = path and plot.cannot_write(path)  # said before any work, not after the race
         if problem or (flag == "--plot" and path and not raced):

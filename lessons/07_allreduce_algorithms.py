@@ -70,7 +70,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bandwidth, bootstrap, buffers, counting, p2p, plot, report, shards  # noqa: E402
+from common import bandwidth, bootstrap, buffers, counting, guard, p2p, plot, report, shards  # noqa: E402
 from lessons.zoo_model import (KMAX, best_of, dbt_chunks, iterations, measure_model, predict,  # noqa: E402
                                round_overhead, show_model, wrapped)
 from lessons.zoo_schedules import (checked_plan, dbt_depth, dbt_schedule, fold, pre_post,  # noqa: E402
@@ -259,8 +259,8 @@ def main():
         pick, sizes = bandwidth.sweep_plan(args, SWEEP, BENCH)  # -b/-e/-f/-n/-w given win over the plan's
     except ValueError as exc:
         ctx.fail(str(exc))
-    if args.csv and not os.path.isdir(os.path.dirname(os.path.abspath(args.csv))):
-        ctx.fail(f"--csv {args.csv}: no such folder")
+    if args.csv and guard.refusal(args.csv, "CSV"):  # no folder, or a file the kit did not write
+        ctx.fail(f"--csv {guard.refusal(args.csv, 'CSV')}")
     for flag, path in (("--plot", args.plot), ("--trace-png", args.trace_png)):
         problem = path and plot.cannot_write(path)  # said before any work, not after the sweep
         if problem or (flag == "--plot" and path and n < 2):
