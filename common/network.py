@@ -13,8 +13,7 @@ import socket
 import struct
 
 SIOCGIFADDR, SIOCGIFNETMASK = 0x8915, 0x891B
-FIX = ("set TUTOR_MASTER_ADDR=<rank 0's address> and GLOO_SOCKET_IFNAME=<the interface that holds it "
-       "on each node>")
+FIX = "set TUTOR_MASTER_ADDR=<rank 0's IP>, GLOO_SOCKET_IFNAME=<its interface>"
 
 
 def interfaces():
@@ -100,10 +99,10 @@ def plan(comm, single_node):
         addr = os.environ.get("TUTOR_MASTER_ADDR") or named or choose(nodes)
     addr = comm.bcast(addr, root=0)
     if addr is None:
-        return None, None, f"no address of rank 0 ({nodes[0][0]}) found that every node reaches: {FIX}"
+        return None, None, f"no address of rank 0 ({nodes[0][0]}) that every node reaches: {FIX}"
     gloo = os.environ.get("GLOO_SOCKET_IFNAME") or iface_for(addr, ifaces)
     fails = comm.allgather(None if gloo else socket.gethostname())
     if any(fails):
         bad = next(f for f in fails if f)
-        return None, None, f"node {bad} has no route to rank 0's address {addr}: {FIX}"
+        return None, None, f"no route from {bad} to rank 0's {addr}: {FIX}"
     return addr, gloo, None
