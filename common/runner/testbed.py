@@ -55,6 +55,14 @@ class Bed:
         return (f"{venv} -bootstrap-exec {self.script} -iface {self.bridge} -hosts {hosts} "
                 "-genv UCX_TLS tcp,self")
 
+    def mpirun(self, program):
+        """Open MPI's line (PRRTE, Open MPI 5): its daemons reach their nodes through the same script."""
+        hosts = ",".join(f"{addr}:{self.per_node}" for _, addr in self.nodes)
+        subnet = ipaddress.ip_network(f"{self.nodes[0][1]}/24", strict=False)
+        return (f"{program} --prtemca plm_ssh_agent {self.script} --host {hosts} --map-by "
+                f"ppr:{self.per_node}:node --mca btl_tcp_if_include {subnet} --prtemca oob_tcp_if_include "
+                f"{subnet}")
+
 
 def missing():
     """Why no bed can be made here, or None."""
