@@ -119,3 +119,19 @@ def test_the_beds_subnet_avoids_every_route_address_and_name_server(monkeypatch)
             return next(self.picks)
     net = testbed.free_subnet(Rng())
     assert str(net) == "10.40.0.0/24"
+
+
+@pytest.mark.torch
+def test_gloo_gets_the_interface_on_gpu_runs_too(monkeypatch):
+    """A GPU run's gloo subgroups (lessons 01, 02) need GLOO_SOCKET_IFNAME as much as a CPU run's."""
+    import torch
+    import torch.distributed as dist
+    from common import bootstrap
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(dist, "TCPStore", lambda *a, **k: type("Store", (), {"port": 1})())
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda *a: None)
+    ctx = bootstrap.Ctx(lesson="x", comm=FakeComm(0, []), rank=0, world_size=1, local_rank=0, local_size=1,
+                        host="h", api="torch", device="gpu", transport="nccl", why="", gpu=0)
+    bootstrap.init_torch(ctx)
+    assert bootstrap.os.environ.get("GLOO_SOCKET_IFNAME") == "lo"
