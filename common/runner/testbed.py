@@ -152,7 +152,8 @@ def down(tag):
     if not re.fullmatch(PREFIX + r"[0-9a-f]{6}", tag):
         raise ValueError(f"not a test bed: {tag!r}")
     for side in "ab":
-        ip("netns", "del", f"{tag}-{side}", check=False)  # takes its veth, and so the bridge's end
+        ip("link", "del", tag + side, check=False)  # the pair goes now, even while the namespace lingers
+        ip("netns", "del", f"{tag}-{side}", check=False)  # (killed ranks' sockets may keep it a minute)
         shutil.rmtree(os.path.join(NETNS_ETC, f"{tag}-{side}"), ignore_errors=True)
     ip("link", "del", tag, check=False)
     shutil.rmtree(os.path.join(tempfile.gettempdir(), tag), ignore_errors=True)
@@ -180,7 +181,9 @@ def sweep():
     stale = {t for t, owner in live.items() if owner != "keep"
              and _starttime(owner.split(":")[0]) != owner.split(":")[1]}
     netns = re.findall(r"^(" + PREFIX + r"[0-9a-f]{6})-[ab]\b", ip("netns", "list", check=False), re.M)
-    stale |= {t for t in netns if t not in live}  # namespaces whose bridge is gone
+    veths = [m.group(1) for m in map(re.compile(PREFIX + r"([0-9a-f]{6})[ab]").fullmatch,
+                                     os.listdir("/sys/class/net")) if m]
+    stale |= {t for t in netns + [PREFIX + v for v in veths] if t not in live}  # parts whose bridge is gone
     for tag in sorted(stale):
         down(tag)
     return sorted(stale)
