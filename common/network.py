@@ -93,13 +93,17 @@ def plan(comm, single_node):
         return "127.0.0.1", os.environ.get("GLOO_SOCKET_IFNAME") or lo, None
     ifaces = interfaces()
     nodes = comm.allgather((socket.gethostname(), ifaces))
-    addr = None
+    addr = error = None
     if comm.rank == 0:
         named = dict((n, a) for n, a, _ in ifaces).get(os.environ.get("GLOO_SOCKET_IFNAME", ""))
         addr = os.environ.get("TUTOR_MASTER_ADDR") or named or choose(nodes)
-    addr = comm.bcast(addr, root=0)
-    if addr is None:
-        return None, None, f"no address of rank 0 ({nodes[0][0]}) that every node reaches: {FIX}"
+        if addr is None:
+            error = f"no address of rank 0 ({nodes[0][0]}) that every node reaches: {FIX}"
+        elif addr not in {a for _, a, _ in ifaces}:  # the store would listen where no one connects
+            error = f"{addr} is no address of rank 0's node {nodes[0][0]}: {FIX}"
+    addr, error = comm.bcast((addr, error), root=0)
+    if error:
+        return None, None, error
     gloo = os.environ.get("GLOO_SOCKET_IFNAME") or iface_for(addr, ifaces)
     fails = comm.allgather(None if gloo else socket.gethostname())
     if any(fails):

@@ -95,6 +95,16 @@ def test_plan_with_nothing_that_works_is_one_line_naming_the_fix(monkeypatch):
     assert "TUTOR_MASTER_ADDR" in error and "GLOO_SOCKET_IFNAME" in error
 
 
+def test_plan_refuses_a_master_address_that_is_not_rank_0s(monkeypatch):
+    """torch's store listens on every address of rank 0's node: at another, the others would wait
+    for its timeout."""
+    monkeypatch.setenv("TUTOR_MASTER_ADDR", "10.9.0.11")  # node b's, not rank 0's
+    monkeypatch.setattr(network, "interfaces", lambda: [LO, ("eth0", "10.9.0.10", 24)])
+    nodes = [node("a", ("eth0", "10.9.0.10", 24)), node("b", ("eth0", "10.9.0.11", 24))]
+    addr, gloo, error = network.plan(FakeComm(0, nodes), single_node=False)
+    assert addr is None and "10.9.0.11 is no address of rank 0's node a" in error, error
+
+
 @pytest.mark.parametrize("env, want", [({"TUTOR_MASTER_ADDR": "127.0.0.1"}, "127.0.0.1"),
                                        ({"GLOO_SOCKET_IFNAME": "lo"}, "127.0.0.1")])
 def test_plan_follows_the_settings(monkeypatch, env, want):
