@@ -21,7 +21,7 @@ XDIST  = $(if $(filter-out 0 1,$(TEST_JOBS)),$(shell $(PY) -c 'import xdist' 2>/
 
 RUN_FLAGS = $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-.PHONY: help setup own-python check check-mine test test-torch clean
+.PHONY: help setup own-python check check-mine test test-torch test-nodes clean
 .DEFAULT_GOAL := help
 
 help:  ## list the targets
@@ -54,10 +54,13 @@ check-mine: $(SETUP)  ## check your practice copy: make check-mine LESSON=05 [NP
 	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
 test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs) but runs loading torch per rank
-	$(PY) -m pytest -q $(XDIST) -m "not torch"
+	$(PY) -m pytest -q $(XDIST) -m "not torch and not twonode"
 
 test-torch: $(SETUP)  ## the runs that load torch on every rank (--api torch, lesson 08): CI runs them too
 	$(PY) -m pytest -q $(XDIST) -m torch
+
+test-nodes: $(SETUP)  ## every lesson on two nodes of 2 ranks (network namespaces on a private bridge; root)
+	$(PY) -m pytest -q -p no:xdist -m twonode
 
 clean:  ## remove the venv, caches and results
 	rm -rf $(VENV) .pytest_cache results .tutor

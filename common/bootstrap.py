@@ -14,7 +14,7 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 
-from common import devices, watchdog
+from common import devices, network, watchdog
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -176,10 +176,10 @@ def choose_gpu(ctx, args, local, uses_torch):
 
 
 def store_host(ctx):
-    """Where rank 0's TCPStore listens: loopback on one node; across nodes its reachable address."""
-    if ctx.single_node:
-        return "127.0.0.1"
-    return os.environ.get("TUTOR_MASTER_ADDR") or socket.gethostbyname(socket.getfqdn())
+    """(where rank 0's TCPStore listens, this rank's interface for gloo, error line or None): loopback
+    on one node; across nodes an address every node reaches, found without DNS (common/network.py).
+    Collective."""
+    return network.plan(ctx.comm, ctx.single_node)
 
 
 def init_torch(ctx):
@@ -187,8 +187,12 @@ def init_torch(ctx):
     import datetime
     import torch.distributed as dist
     addr = None
+    host, ifname, error = store_host(ctx)
+    if error:
+        ctx.fail(error)
+    if ifname:  # gloo's pairs (and the gloo subgroups of GPU runs) go over the store's interface
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
     if ctx.rank == 0:
-        host = store_host(ctx)
         try:  # port 0: the OS picks a free port, so runs side by side never collide
             store = dist.TCPStore(host, 0, ctx.world_size, is_master=True, wait_for_workers=False,
                                   timeout=datetime.timedelta(seconds=60))
@@ -211,8 +215,6 @@ def init_torch(ctx):
         # TORCH_WARN_ONCE, past Python's warnings filter: ProcessGroupNCCL reads this variable when the
         # group is made. A learner's own setting stands.
         os.environ.setdefault("TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING", "0")
-    elif ctx.single_node and os.path.isdir("/sys/class/net/lo"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback
     dist.init_process_group("nccl" if ctx.device == "gpu" else "gloo", store=store,
                             rank=ctx.rank, world_size=ctx.world_size, **kwargs)
     ctx.store_addr = addr

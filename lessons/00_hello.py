@@ -2,6 +2,7 @@
 
 What to watch for:
   * every rank is its own process: its own rank, local_rank (its index on this node) and device;
+  * MPI splits the world by node (the ranks that share memory): on two nodes of 2 ranks, 2 + 2;
   * the API numbers its processes 0..N-1, each id once (torch and NCCL take MPI's numbering here);
   * an all-reduce of the rank ids leaves the same sum, N(N-1)/2, on every rank;
   * splitting the world into two halves gives each half its own communicator: the same all-reduce
@@ -80,6 +81,26 @@ def split_in_halves(ctx, half):
     return comm, steps
 
 
+def ranks_on_my_node(ctx):
+    """The world ranks on this rank's node: MPI splits the world by the memory its processes share."""
+    from mpi4py import MPI
+    node = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)  # local_rank is my id in `node`
+    ranks = node.allgather(ctx.rank)
+    node.Free()
+    return ranks
+
+
+def listed(ranks):
+    """'0, 1' or '0..31': a node's ranks in a few characters."""
+    if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}..{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def fit(line):
+    return line if len(line) <= 100 else line[:96] + " ..."
+
+
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     args, ctx = bootstrap.start(__file__, parser)
@@ -93,6 +114,11 @@ def main():
     # what differs per process, then what ranks may share (say prints a line alike on all ranks once)
     report.say(ctx, f"id {my_id}  local_rank {ctx.local_rank} of {ctx.local_size}  pid {os.getpid()}\n"
                     f"host {ctx.host}  device {ctx.device}  transport {ctx.transport}")
+    node_ranks = ranks_on_my_node(ctx)
+    nodes = ctx.comm.gather((ctx.host, node_ranks), root=0)
+    if ctx.rank == 0:  # one line per node, in the order of its first rank
+        for host, ranks in sorted(set((h, tuple(r)) for h, r in nodes), key=lambda x: x[1]):
+            print(fit(f"node {host}: ranks {listed(ranks)} share its memory"), flush=True)
     ids = ctx.comm.allgather(my_id)
     distinct = len({i for i in ids if 0 <= i < n})
     if ctx.rank == 0:
@@ -121,7 +147,8 @@ def main():
         "only they, must share a color (a group)")
 
     report.finish(ctx, {"world_size": n, "api_rank": my_id, "sub_rank": sub_rank,
-                        "local_rank": ctx.local_rank, "host": ctx.host, "device": ctx.device,
+                        "local_rank": ctx.local_rank, "node_ranks": node_ranks, "host": ctx.host,
+                        "device": ctx.device,
                         "transport": ctx.transport, "rank_sum": rank_sum, "half": half, "half_sum": half_sum},
                   summary={"halves": 2 if n > 1 else 1, "distinct_ids": distinct})
 

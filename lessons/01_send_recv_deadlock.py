@@ -422,6 +422,10 @@ def main():
             print("that limit is a setting of the MPI library and its transport (Open MPI's btl eager "
                   "limits,\nUCX_RNDV_THRESH, ...), not a law: the standard lets any Send wait until "
                   "it is matched,\nand calls a program that needs buffering to finish unsafe", flush=True)
+        if not ctx.single_node:  # the ring's sends within a node and between nodes take two transports
+            print("on several nodes the ring's sends cross two transports, shared memory within a node "
+                  "and the\nnetwork between nodes, each with limits of its own: the sizes above are where "
+                  "every\nsend of the ring completed at once", flush=True)
 
     report.section(ctx, f"4. three fixes for the ring (send right, receive left), {count} x float64, "
                         f"median of {args.repeat}")

@@ -82,6 +82,7 @@ def command(script, np, args=()):
 # This flag makes it print every rank's wait status, one line the runner takes out of the output.
 HYDRA_ALL_CODES = "-print-all-exitcodes"
 _EXIT_CODES = re.compile(r"^\[mpiexec@[^\]]*\] Exit codes: (.*)$")
+_HOST_CODES = re.compile(r"^\[[^\]]+\] [\d,]+$")
 
 
 def hydra_statuses(line):
@@ -196,12 +197,17 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
 
 
 def _pump(stream, out, echo):
+    codes = False  # within hydra's 'Exit codes:' report, which gives each further host a line
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
         statuses = hydra_statuses(line)
         if statuses is not None:
-            out.statuses = statuses
+            out.statuses, codes = statuses, True
             continue
+        if codes and _HOST_CODES.match(line.strip()):
+            out.statuses = None  # several hosts: listed by host, which the runner cannot map to ranks
+            continue
+        codes = False
         if echo:
             try:
                 sys.stdout.write(line)

@@ -1,0 +1,218 @@
+"""Two nodes on one machine, for tests and learners: two network namespaces, each with its own hostname
+(a UTS namespace) and an address on a private bridge; the venv's hydra launches into them as over ssh.
+
+    with testbed.bed(resolve=False) as b:     # root and `ip` needed; names unique per run
+        env = {"MPIEXEC": b.mpiexec}          # -bootstrap-exec b.script -iface b.bridge -hosts A:2,B:2
+    # torn down on leaving, at exit, on SIGTERM / SIGHUP; a bed whose owner died is swept by the next one
+
+The bridge holds one /24 of 10.0.0.0/8 that no route or name server of this machine uses; nothing in
+the namespaces can reach any other address. hydra is given the nodes' addresses, not their names, so
+it never asks a name server; inside, a node's name resolves only with resolve=True
+(/etc/netns/NODE/hosts). `-genv UCX_TLS tcp,self`: MPICH's UCX would otherwise pass messages between
+the "nodes" through this machine's shared memory; MPICH's own shared memory still serves within a node.
+"""
+import atexit
+import functools
+import ipaddress
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from common.runner.catalog import ROOT
+
+PREFIX = "tutb"   # every bed's bridge, veths, namespaces, /etc/netns and temp folders start with it
+NETNS_ETC = "/etc/netns"
+SSH = """#!/bin/sh
+# tutor test bed {tag}: run a command on a node as `ssh [options] HOST COMMAND...` would
+while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
+case "$1" in
+{cases}
+  *) echo "testbed {tag}: no node at $1" >&2; exit 255;;
+esac
+shift
+exec ip netns exec "$node" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$node" "$*"
+"""
+
+
+@dataclass
+class Bed:
+    tag: str
+    bridge: str
+    nodes: list       # [(name, address)]: name = network namespace = hostname
+    script: str       # the ssh-like launcher hydra's -bootstrap-exec runs
+    per_node: int
+
+    @property
+    def mpiexec(self):
+        hosts = ",".join(f"{addr}:{self.per_node}" for _, addr in self.nodes)
+        venv = os.path.join(ROOT, ".venv", "bin", "mpiexec")
+        return (f"{venv} -bootstrap-exec {self.script} -iface {self.bridge} -hosts {hosts} "
+                "-genv UCX_TLS tcp,self")
+
+    def mpirun(self, program):
+        """Open MPI's line (PRRTE, Open MPI 5): its daemons reach their nodes through the same script."""
+        hosts = ",".join(f"{addr}:{self.per_node}" for _, addr in self.nodes)
+        subnet = ipaddress.ip_network(f"{self.nodes[0][1]}/24", strict=False)
+        return (f"{program} --prtemca plm_ssh_agent {self.script} --host {hosts} --map-by "
+                f"ppr:{self.per_node}:node --mca btl_tcp_if_include {subnet} --prtemca oob_tcp_if_include "
+                f"{subnet}")
+
+
+def missing():
+    """Why no bed can be made here, or None."""
+    if os.geteuid() != 0:
+        return "the two-node test bed needs root (network namespaces)"
+    for tool in ("ip", "unshare"):
+        if not shutil.which(tool):
+            return f"the two-node test bed needs `{tool}` (iproute2, util-linux)"
+    return None
+
+
+def ip(*args, check=True):
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and out.returncode:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def free_subnet(rng=random):
+    """A 10.a.b.0/24 that overlaps no route, address or name server of this machine."""
+    used = re.findall(r"(?:^|\s)(\d+\.\d+\.\d+\.\d+(?:/\d+)?)", ip("-4", "route", "show", "table", "all")
+                      + ip("-4", "-o", "addr"))
+    if os.path.exists("/etc/resolv.conf"):
+        with open("/etc/resolv.conf") as f:
+            used += re.findall(r"^\s*nameserver\s+(\d+\.\d+\.\d+\.\d+)", f.read(), re.M)
+    taken = [ipaddress.ip_network(u, strict=False) for u in used]
+    for _ in range(200):
+        net = ipaddress.ip_network(f"10.{rng.randint(16, 250)}.{rng.randint(0, 255)}.0/24")
+        if not any(net.overlaps(t) for t in taken):
+            return net
+    raise RuntimeError("no free 10.x.y.0/24 for the test bed")
+
+
+def _starttime(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def up(resolve=False, per_node=2, keep=False):
+    """Make a bed of two nodes. keep: it outlives this process (`bin/tutor testbed down` ends it)."""
+    why = missing()
+    if why:
+        raise RuntimeError(why)
+    sweep()
+    tag = f"{PREFIX}{random.getrandbits(24):06x}"
+    owner = "keep" if keep else f"{os.getpid()}:{_starttime(os.getpid())}"
+    net = free_subnet()
+    hosts = list(net.hosts())
+    folder = os.path.join(tempfile.gettempdir(), tag)
+    bed = Bed(tag, tag, [(f"{tag}-{n}", str(hosts[9 + i])) for i, n in enumerate("ab")],
+              os.path.join(folder, "ssh"), per_node)
+    try:
+        ip("link", "add", tag, "type", "bridge")
+        ip("link", "set", tag, "alias", f"tutor testbed owner={owner}")
+        ip("addr", "add", f"{hosts[0]}/24", "dev", tag)
+        ip("link", "set", tag, "up")
+        for (node, addr), side in zip(bed.nodes, "ab"):
+            ip("netns", "add", node)
+            ip("link", "add", tag + side, "type", "veth", "peer", "name", "veth0", "netns", node)
+            ip("link", "set", tag + side, "master", tag, "up")
+            ip("-n", node, "addr", "add", f"{addr}/24", "dev", "veth0")
+            ip("-n", node, "link", "set", "veth0", "up")
+            ip("-n", node, "link", "set", "lo", "up")
+            os.makedirs(os.path.join(NETNS_ETC, node))
+            with open(os.path.join(NETNS_ETC, node, "resolv.conf"), "w") as f:
+                f.write("# tutor test bed: no name server, so no lookup leaves the bed\n")
+            if resolve:
+                with open(os.path.join(NETNS_ETC, node, "hosts"), "w") as f:
+                    f.write("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in bed.nodes))
+        os.makedirs(folder)
+        cases = "\n".join(f"  {a}) node={n};;" for n, a in bed.nodes)
+        with open(bed.script, "w") as f:
+            f.write(SSH.format(tag=tag, cases=cases))
+        os.chmod(bed.script, 0o755)
+    except BaseException:
+        down(tag)
+        raise
+    return bed
+
+
+def down(tag):
+    """Remove bed `tag` and all it made; what is already gone is skipped."""
+    tag = getattr(tag, "tag", tag)
+    if not re.fullmatch(PREFIX + r"[0-9a-f]{6}", tag):
+        raise ValueError(f"not a test bed: {tag!r}")
+    for side in "ab":
+        ip("link", "del", tag + side, check=False)  # the pair goes now, even while the namespace lingers
+        ip("netns", "del", f"{tag}-{side}", check=False)  # (killed ranks' sockets may keep it a minute)
+        shutil.rmtree(os.path.join(NETNS_ETC, f"{tag}-{side}"), ignore_errors=True)
+    ip("link", "del", tag, check=False)
+    shutil.rmtree(os.path.join(tempfile.gettempdir(), tag), ignore_errors=True)
+
+
+def beds():
+    """{tag: owner} of the beds on this machine (owner: 'keep', or 'pid:starttime')."""
+    found = {}
+    for name in os.listdir("/sys/class/net"):
+        if re.fullmatch(PREFIX + r"[0-9a-f]{6}", name):
+            try:
+                with open(f"/sys/class/net/{name}/ifalias") as f:
+                    alias = f.read().strip()
+            except OSError:
+                continue
+            m = re.fullmatch(r"tutor testbed owner=(\S+)", alias)
+            if m:
+                found[name] = m.group(1)
+    return found
+
+
+def sweep():
+    """Remove the beds whose owning process is gone (killed before it could tear its bed down)."""
+    live = beds()
+    stale = {t for t, owner in live.items() if owner != "keep"
+             and _starttime(owner.split(":")[0]) != owner.split(":")[1]}
+    netns = re.findall(r"^(" + PREFIX + r"[0-9a-f]{6})-[ab]\b", ip("netns", "list", check=False), re.M)
+    veths = [m.group(1) for m in map(re.compile(PREFIX + r"([0-9a-f]{6})[ab]").fullmatch,
+                                     os.listdir("/sys/class/net")) if m]
+    stale |= {t for t in netns + [PREFIX + v for v in veths] if t not in live}  # parts whose bridge is gone
+    for tag in sorted(stale):
+        down(tag)
+    return sorted(stale)
+
+
+@contextmanager
+def bed(resolve=False, per_node=2):
+    """A bed for the `with` block, torn down however the block ends (SIGTERM and SIGHUP included)."""
+    b = up(resolve, per_node)
+    closer = functools.partial(down, b.tag)
+    atexit.register(closer)
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+    for s in old:
+        signal.signal(s, leave)
+    try:
+        yield b
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        closer()
+        atexit.unregister(closer)
+
+
+def run(argv, resolve=False, per_node=2):
+    """Run argv (e.g. bin/tutor run 05 -n 4) with MPIEXEC set to a fresh bed's line; its exit status."""
+    with bed(resolve, per_node) as b:
+        print(f"testbed {b.tag}: " + ", ".join(f"{n} {a}" for n, a in b.nodes), flush=True)
+        print(f"MPIEXEC={b.mpiexec}", flush=True)
+        return subprocess.run(argv, env={**os.environ, "MPIEXEC": b.mpiexec}).returncode
