@@ -59,7 +59,7 @@ test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs) but runs loa
 test-torch: $(SETUP)  ## the runs that load torch on every rank (--api torch, lesson 08): CI runs them too
 	$(PY) -m pytest -q $(XDIST) -m torch
 
-test-nodes: $(SETUP)  ## every lesson on two nodes of 2 ranks (network namespaces on a private bridge; root)
+test-nodes: $(SETUP)  ## every lesson on two nodes of 2 ranks (network namespaces, a private bridge; root)
 	$(PY) -m pytest -q -p no:xdist -m twonode
 
 clean:  ## remove the venv, caches and results
