@@ -234,7 +234,8 @@ def end_torch():
     if dist.is_initialized():
         dist.destroy_process_group()
     mesh = sys.modules.get("torch.distributed.device_mesh")
-    for held in [o for o in gc.get_objects() if mesh and isinstance(o, mesh.DeviceMesh)]:
+    # type(o) is, not isinstance: that would run torch's own __instancecheck__ on every object (warnings)
+    for held in [o for o in gc.get_objects() if mesh and type(o) is mesh.DeviceMesh]:
         getattr(held, "_pg_registry", {}).clear()  # a mesh kept in a cache may keep nothing else
     gc.collect()
 
