@@ -229,6 +229,13 @@ def end_torch():
       default arguments    torch.distributed.nn.functional, imported after init (DDP imports it),
                            would hold the group as its functions' `group=` default: init_torch imports
                            it first, when that default is None."""
+    if getattr(sys, "last_value", None) is not None:
+        # an uncaught error ends this process, its line already written: end every rank now, as mpi4py
+        # would after Python's end, for freeing the group waits for its workers, and one may be inside
+        # a collective no peer will join (that hung the run until its timeout)
+        from mpi4py import MPI
+        if not MPI.Is_finalized():
+            MPI.COMM_WORLD.Abort(1)
     import gc
     import torch.distributed as dist
     if dist.is_initialized():

@@ -112,3 +112,29 @@ def test_torch_runs_end_cleanly_under_load(lesson, np):
         os.killpg(busy.pid, signal.SIGKILL)
         busy.wait()
     assert not bad, f"{len(bad)} of {RUNS} runs of lesson {lesson} at NP {np} failed:\n" + "\n".join(bad)
+
+
+FAILING = r'''
+import time
+import torch
+import torch.distributed as dist
+from common import bootstrap
+
+args, ctx = bootstrap.start(__file__, bootstrap.lesson_parser(__file__, "failing"))
+if ctx.rank == 1:
+    dist.all_reduce(torch.ones(4), async_op=True)  # a collective rank 0 never joins
+    raise RuntimeError("a learner's mistake")
+time.sleep(60)
+'''
+
+
+def test_a_failing_rank_still_takes_every_rank_down_at_once(tmp_path):
+    """A rank that dies of an uncaught error with a collective in flight aborts every rank at exit: the
+    group's end would wait for that collective, which no peer will ever join (before, the run hung at
+    Python's end until the runner's timeout, on the old code as well)."""
+    probe = tmp_path / "failing.py"
+    probe.write_text(FAILING)
+    cmd = launch.command(str(probe), 2, ["--api", "torch", "--device", "cpu"])
+    done = launch.run(cmd, 45, echo=False, env={"PYTHONPATH": ROOT})
+    assert not done.timed_out, "the failing rank hung at exit instead of aborting the run"
+    assert done.rc != 0 and "a learner's mistake" in done.errors.get(1, ""), (done.rc, done.errors)
