@@ -7,7 +7,6 @@
 MPI is imported only here, after the flags parsed, so a bad flag exits cleanly with one line.
 """
 import argparse
-import atexit
 import os
 import socket
 import sys
@@ -16,7 +15,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 
-from common import devices, watchdog
+from common import devices, teardown, watchdog
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -205,49 +204,10 @@ def init_torch(ctx):
         warnings.filterwarnings("ignore", message=".*unbatched P2P op")
     elif ctx.single_node and os.path.isdir("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback
-    import torch.distributed.nn.functional  # noqa: F401  before the group exists (end_torch says why)
+    teardown.register()  # before the group exists: common/teardown.py ends it at exit, in order
     dist.init_process_group("nccl" if ctx.device == "gpu" else "gloo", store=store,
                             rank=ctx.rank, world_size=ctx.world_size, **kwargs)
     ctx.store_addr = addr
-    if not _ENDING:  # once per process, however often a lesson calls init_torch
-        _ENDING.append(atexit.register(end_torch))
-
-
-def end_torch():
-    """torch.distributed's orderly end, at exit: while Python still runs, before mpi4py's MPI_Finalize.
-
-    gloo's worker threads drop each finished collective's work themselves, and with it tensors Python
-    owns, which takes the GIL. A thread that asks for the GIL once the interpreter is shutting down
-    is ended on the spot, and C++ cannot unwind that through a destructor: std::terminate ("terminate
-    called without an active exception"), SIGABRT after every check passed, whenever a worker is late
-    (a busy core). Freed while Python runs, the group finishes its queued work, joins its threads (the
-    GIL released) and closes its store (rank 0's TCPStore server thread). No barrier: report.finish's
-    gather has already met every rank. Freeing the group means dropping every reference to it:
-      torch's own          destroy_process_group (report.finish already does, on --api torch);
-      modules in cycles    gc.collect (DDP's and fully_shard's hooks);
-      DTensor's caches     keep each DeviceMesh for the process's life, and a mesh keeps its groups;
-      default arguments    torch.distributed.nn.functional, imported after init (DDP imports it),
-                           would hold the group as its functions' `group=` default: init_torch imports
-                           it first, when that default is None."""
-    if getattr(sys, "last_value", None) is not None:
-        # an uncaught error ends this process, its line already written: end every rank now, as mpi4py
-        # would after Python's end, for freeing the group waits for its workers, and one may be inside
-        # a collective no peer will join (that hung the run until its timeout)
-        from mpi4py import MPI
-        if not MPI.Is_finalized():
-            MPI.COMM_WORLD.Abort(1)
-    import gc
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    mesh = sys.modules.get("torch.distributed.device_mesh")
-    # type(o) is, not isinstance: that would run torch's own __instancecheck__ on every object (warnings)
-    for held in [o for o in gc.get_objects() if mesh and type(o) is mesh.DeviceMesh]:
-        getattr(held, "_pg_registry", {}).clear()  # a mesh kept in a cache may keep nothing else
-    gc.collect()
-
-
-_ENDING = []
 
 
 def nccl_comm(comm, log=None):
