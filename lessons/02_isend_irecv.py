@@ -346,8 +346,8 @@ def main():
     report.section(ctx, f"3. overlap: exchange {args.big * 8} B with each neighbour while computing, "
                         f"median of {args.repeat}")
     times, slices = measure_overlap(ctx, args.big, args.repeat, modes)
-    d_reason = "n/a: MPICH's progress thread is for MPI; gloo moves p2p on its own threads" \
-        if ctx.api == "torch" else "n/a: MPICH's progress thread does not drive NCCL's kernels" \
+    d_reason = "n/a: an MPI progress thread is for MPI; gloo moves p2p on its own threads" \
+        if ctx.api == "torch" else "n/a: an MPI progress thread does not drive NCCL's kernels" \
         if ctx.device == "gpu" else None
     lib = mpilib.current()
     child = None
