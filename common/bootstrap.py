@@ -14,7 +14,7 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 
-from common import devices, network, watchdog
+from common import devices, network, teardown, watchdog
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -215,6 +215,7 @@ def init_torch(ctx):
         # TORCH_WARN_ONCE, past Python's warnings filter: ProcessGroupNCCL reads this variable when the
         # group is made. A learner's own setting stands.
         os.environ.setdefault("TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING", "0")
+    teardown.register()  # before the group exists: common/teardown.py ends it at exit, in order
     dist.init_process_group("nccl" if ctx.device == "gpu" else "gloo", store=store,
                             rank=ctx.rank, world_size=ctx.world_size, **kwargs)
     ctx.store_addr = addr

@@ -30,13 +30,14 @@ Run it:
 import os
 import statistics
 import sys
+import textwrap
 import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, report, timing  # noqa: E402
+from common import bootstrap, mpilib, report, timing  # noqa: E402
 
 COUNT = 1 << 16          # float64 values per message (512 KiB: above common default eager limits)
 DEADLINE_S = 0.5         # an unmatched send this old, on every rank at once, is called a deadlock
@@ -178,9 +179,17 @@ def _land():
     return MPI.LAND
 
 
-def mpi_library():
-    from mpi4py import MPI
-    return " ".join(MPI.Get_library_version().splitlines()[0].split())
+def eager_setting(lib):
+    """What sets the measured limit, on the library that ran (common/mpilib names it): lowering each
+    one-node setting named here lowered the limit with it."""
+    if lib.kind == "mpich":
+        return ("on one node MPICH's shared-memory settings, such as MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD: "
+                "above it the receiver copies the message out of the sender's memory, so the send waits "
+                "for it; between nodes, its network's (UCX_RNDV_THRESH with ch4:ucx)")
+    if lib.kind == "openmpi":
+        return ("on one node Open MPI's btl_sm_eager_limit, its shared-memory transport's, header included "
+                "(`ompi_info --param btl sm --level 4`); between nodes, its network transport's")
+    return "each MPI library and transport has its own"
 
 
 # ---------------------------------------------------------------- 4. three fixes
@@ -411,7 +420,7 @@ def main():
                    + (f"\n   (over {where})" if ctx.transport == "nccl" else ""))
     limit, first_blocked, tried = eager_limit(ctx)
     if ctx.rank == 0:
-        lib = "gloo" if ctx.api == "torch" else mpi_library()
+        lib = "gloo" if ctx.api == "torch" else mpilib.current().name
         if limit == 0:
             print(f"{lib}: even a {first_blocked} B send waited for its receive: no send was buffered")
         else:
@@ -419,9 +428,9 @@ def main():
                   + (f"{first_blocked} B waited for the receiver" if first_blocked else
                      f"every size up to {tried[-1]} B did"))
         if ctx.api == "mpi4py":
-            print("that limit is a setting of the MPI library and its transport (Open MPI's btl eager "
-                  "limits,\nUCX_RNDV_THRESH, ...), not a law: the standard lets any Send wait until "
-                  "it is matched,\nand calls a program that needs buffering to finish unsafe", flush=True)
+            print(textwrap.fill(f"that limit is a setting, not a law: {eager_setting(mpilib.current())}. "
+                                "The standard lets any Send wait until it is matched, and calls a program "
+                                "that needs buffering to finish unsafe", 100), flush=True)
         if not ctx.single_node:  # the ring's sends within a node and between nodes take two transports
             print("on several nodes the ring's sends cross two transports, shared memory within a node "
                   "and the\nnetwork between nodes, each with limits of its own: the sizes above are where "

@@ -12,13 +12,17 @@ What to watch for:
        (a) blocking exchange, then compute: no overlap by construction, the control
        (b) post, compute, wait
        (c) post, compute in slices with a test of the requests between slices
-       (d) (b) again in a second MPICH job with a progress thread (MPIR_CVAR_ASYNC_PROGRESS=1)
+       (d) (b) again in a second MPICH job with a progress thread (MPIR_CVAR_ASYNC_PROGRESS=1);
+           Open MPI 5 has no such thread for point-to-point (its TCP transport alone, between
+           nodes, can run one: btl_tcp_progress_thread), so on Open MPI (d) says so instead
      overlap = (comm + compute - time) / min(comm, compute): 0 means none, 1 means all hidden; (a)'s
      value is this run's noise, and a mode counts as overlapping only above it. Time is shown too:
      a mode can overlap well and still take longer.
-     Why, per transport: MPI moves a large (rendezvous) message only while a rank is inside an MPI
-     call, or on a progress thread; on one node MPICH moves it by memory copies that the ranks' own
-     CPUs make inside those calls, so (c)'s Tests cannot hide the copy, only waiting for a partner.
+     Why, per transport and library: MPICH without its progress thread, and Open MPI 5, move a
+     large (rendezvous) message only while a rank is inside an MPI call; other libraries and
+     networks may move it between calls (a progress thread, a network card's RDMA). On one node
+     MPICH and Open MPI move it by memory copies that the ranks' own CPUs make inside those calls,
+     so (c)'s Tests cannot hide the copy, only waiting for a partner.
      gloo moves point-to-point data on threads of its own, and is_completed() only asks. NCCL moves
      it with kernels on the GPU's SMs; compute kernels on another stream share the SMs and memory
      bandwidth with them, so overlap is partial at best.
@@ -34,13 +38,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, report, timing  # noqa: E402
+from common import bootstrap, mpilib, report, timing  # noqa: E402
 
 LOCAL = 1000             # cells each rank owns
 HALO = 4                 # ghost cells on each side
@@ -351,9 +356,10 @@ def main():
                         f"median of {args.repeat}")
     times, slices = measure_overlap(ctx, args.big, args.repeat, modes)
     d_reason = d_not_here(ctx)
+    lib = mpilib.current()
     child = None
     if d_reason is None:
-        child, d_reason = async_progress_run(ctx, args, slices)
+        child, d_reason = async_progress_run(ctx, args, slices, lib)
         if child:
             times[D_MODE] = child["times"]["(b) post, compute, wait"]
     ref = (times["comm only"], times["compute only"])
@@ -377,8 +383,8 @@ def main():
                   f"(its control (a): {overlap_of(ct[CONTROL], ct['comm only'], ct['compute only']):+.2f}); "
                   f"its time is {times[D_MODE] / times['(b) post, compute, wait']:.2f} x (b)'s.")
         else:
-            print(f"(d) {d_reason}")
-        for line in why_overlap(ctx) + what_was_seen(times, overlap, child):
+            print(textwrap.fill(f"(d) {d_reason}", 100, subsequent_indent="  "))
+        for line in why_overlap(ctx, lib) + what_was_seen(times, overlap, child):
             print(line)
         sys.stdout.flush()
 
@@ -391,18 +397,18 @@ def main():
                            **{f"overlap{k}": v for k, v in overlap.items()}})
 
 
-def why_overlap(ctx):
-    """What moves the bytes on this run's transport, said for this transport only."""
+def why_overlap(ctx, lib):
+    """What moves the bytes on this run's transport, said for this transport and MPI library only."""
     if ctx.transport == "mpi":
-        from mpi4py import MPI
-        lines = ["why (MPI): a rendezvous message moves only while a rank is inside an MPI call",
-                 "  (progress: (c)'s Test, the final Wait) or on a progress thread (d); posting alone",
-                 "  does not move it."]
-        if ctx.single_node and "MPICH" in MPI.Get_library_version():
-            lines += ["  on one node MPICH moves it by memory copies that the ranks' own CPUs make inside "
-                      "those calls:", "  a copy cannot overlap the compute of the rank making it; what "
-                      "(c)'s Tests can hide is time", "  a rank would spend waiting for its partner's "
-                      "calls and copies."]
+        lines = textwrap.wrap(f"why ({lib.name if lib.kind != 'other' else 'MPI'}): a rendezvous message "
+                              f"moves {mpilib.moves_large(lib)}; (c)'s Tests and the final Wait are such "
+                              "calls, and posting alone does not move it.", 100, subsequent_indent="  ")
+        if ctx.single_node and lib.kind in ("mpich", "openmpi"):
+            lines += textwrap.wrap(f"on one node {lib.name} moves it by memory copies that the ranks' own "
+                                   "CPUs make inside those calls: a copy cannot overlap the compute of the "
+                                   "rank making it; what (c)'s Tests can hide is time a rank would spend "
+                                   "waiting for its partner's calls and copies.", 100, initial_indent="  ",
+                                   subsequent_indent="  ")
         return lines
     if ctx.transport == "gloo":
         return ["why (gloo): gloo moves point-to-point data on threads of its own, so (b) can overlap "
@@ -433,7 +439,7 @@ def what_was_seen(times, overlap, child):
     return lines
 
 
-def async_progress_run(ctx, args, slices):
+def async_progress_run(ctx, args, slices, lib):
     """Mode (d): rerun (a) and (b) in a fresh MPICH job with its progress thread on, with the same
     compute. Rank 0 launches it; the other ranks wait without spinning. Returns (results, None) or
     (None, the reason it was not run)."""
@@ -443,8 +449,11 @@ def async_progress_run(ctx, args, slices):
         launcher = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
         if args.async_progress == "skip":
             reason = "skipped (--async-progress skip)"
-        elif "MPICH" not in MPI.Get_library_version():
-            reason = "not MPICH: MPIR_CVAR_ASYNC_PROGRESS does not apply"
+        elif lib.kind == "openmpi":
+            reason = (f"n/a: {lib.name} has no progress thread for point-to-point to turn on (its TCP "
+                      "transport alone, between nodes, can run one: btl_tcp_progress_thread)")
+        elif lib.kind != "mpich":
+            reason = "n/a: not MPICH, so MPIR_CVAR_ASYNC_PROGRESS does not apply (see your library's own)"
         elif not launcher:
             reason = "no mpiexec beside this python"
         else:

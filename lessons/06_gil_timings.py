@@ -13,7 +13,8 @@ they wait. The lesson measures what that means:
      (mpi4py), in dist.recv (gloo), or, on NCCL, in the CUDA sync that reads what dist.recv queued;
      against a C call that keeps the GIL (libc usleep through ctypes.PyDLL, standing for a library
      that forgot to release it). 'its cpu ms' shows whether the waiting thread slept or spun: a
-     released GIL is not an idle core (MPICH's Recv polls, and takes a core while it does);
+     released GIL is not an idle core (a blocking Recv polls by default in MPICH and Open MPI
+     alike, and takes a core while it does; the lesson says what this run's wait did);
   4. a speedup table against one serial time, and the conclusions these numbers support.
 The thread and process experiments run inside rank 0; the other ranks wait without using a core.
 The worker processes are spawned fresh (no copy of this rank's MPI state) and each starts its own

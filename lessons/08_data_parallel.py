@@ -52,11 +52,12 @@ What to watch for:
      The after-backward row cannot overlap: its figure (ideally 0) is how far measured parts fail
      to add up on this machine, and the hooks hide communication only where they beat it. The
      lesson also counts the buckets already done when backward returned, and says what lets an
-     all-reduce run beside backward on the transport that ran: MPI moves a non-blocking all-reduce
-     only inside MPI calls made on this thread (the Test() calls of later hooks) unless a progress
-     thread is on (MPIR_CVAR_ASYNC_PROGRESS=1 in MPICH, see lesson 02); gloo runs it on its own
-     worker threads, which need free cores; NCCL runs its kernels on their own CUDA stream beside
-     backward's, which is where DDP's overlap comes from.
+     all-reduce run beside backward on the transport and MPI library that ran: MPICH moves a
+     non-blocking all-reduce only inside MPI calls made on this thread (the Test() calls of later
+     hooks) unless its progress thread is on (MPIR_CVAR_ASYNC_PROGRESS=1, see lesson 02), and Open
+     MPI 5, which has no such thread, only inside those calls; other libraries and networks may move
+     it between calls. gloo runs it on its own worker threads, which need free cores; NCCL runs its
+     kernels on their own CUDA stream beside backward's, which is where DDP's overlap comes from.
 
 Run it:
   make lesson-08 NP=4                         (API=torch; ARGS="--dtype float32 --bucket-mb 0.0625")
@@ -68,7 +69,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, report, shards, timing  # noqa: E402
+from common import bootstrap, mpilib, report, shards, timing  # noqa: E402
 
 SEED = 8                   # data and models come from this seed, identical on every rank
 BATCH = 130                # global batch: 130 % 3 == 1, 130 % 4 == 2, so shards are uneven at NP 3, 4
@@ -439,11 +440,12 @@ def where_it_runs(ctx, s):
         lines.append(f"the hooks' figure is within 0.25 of 'backward, then all-reduce' (which cannot overlap): "
                      "no overlap shown beyond this machine's noise")
     if ctx.transport == "mpi":
-        progress = os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0") not in ("0", "")
-        lines.append("MPI moves a started Iallreduce " + (
-            "on its progress thread (MPIR_CVAR_ASYNC_PROGRESS is set), which needs a free core" if progress else
-            "only inside MPI calls made on this thread (no progress thread: MPIR_CVAR_ASYNC_PROGRESS is not set): "
-            "the Test() calls of later hooks, between layers of backward, are its only chances")
+        lib = mpilib.current()
+        progress = lib.kind == "mpich" and os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0") not in ("0", "")
+        lines.append(f"{lib.name if lib.kind != 'other' else 'MPI'} moves a started Iallreduce "
+                     + mpilib.moves_large(lib, progress)
+                     + ("" if progress else ": the Test() calls of later hooks, between layers of backward, "
+                        "are such calls")
                      + (f"; and {n} ranks share {cores} cores" if n > cores else ""))
     elif ctx.transport == "gloo":
         lines.append(f"gloo runs each all-reduce on its own worker threads, beside backward, when a core is free: "

@@ -82,11 +82,15 @@ def explain(lesson, outcome, checks):
         if not outcome.stacks:
             lines.append("  (no rank answered the stack-dump request: it hung before joining MPI)")
         return lines
-    # an MPI error on a rank is often only the echo of a peer that died: it names no culprit itself
-    echoes = {r: e for r, e in outcome.errors.items() if e.startswith(MPI_ERROR)}
+    # an MPI error on a rank is often only the echo of a peer that died: it names no culprit itself,
+    # unless its class says the rank's own call was wrong (a truncated receive, a bad count or rank)
+    echoes = {r: e for r, e in outcome.errors.items() if may_echo(e)}
     own = {r: e for r, e in outcome.errors.items() if r not in echoes}
     lines += [f"{ranks_of(ranks)} failed: {e}" for ranks, e in by_message(own)]
     killed = killed_rank(outcome, set(echoes)) if outcome.rc != 0 and not own else None
+    if own and outcome.rc != 0 and not outcome.launcher:  # a signal that came with it or after: said too
+        lines += [f"{_rank_pid(outcome, r)} was {'then ' if r in own else ''}killed by {_signal_name(s)}"
+                  + ("" if r in own else " as well") for r, s in sorted(signalled(outcome).items())]
     if outcome.launcher:
         pid, sig = outcome.launcher
         lines += [f"mpiexec itself (pid {pid}) was killed by {_signal_name(sig)}; the runner ended the "
@@ -142,7 +146,20 @@ def summary(verdict, head, why, width=WIDTH):
     return f"{line}: {cause if len(cause) <= room else cause[:room - 1] + '…'}"
 
 
-MPI_ERROR = "MPI.Exception:"   # how common/watchdog.py writes mpi4py's errors
+MPI_ERROR = "MPI.Exception:"   # how common/watchdog.py writes mpi4py's errors, then the error class
+# the classes a rank may get because a peer died or the job is being torn down; any other class (or a
+# line without one) is the rank's own call going wrong, as MPI_ERR_TRUNCATE is
+PEER_CLASSES = ("MPI_ERR_OTHER", "MPI_ERR_INTERN", "MPI_ERR_UNKNOWN", "MPI_ERR_PROC_FAILED",
+                "MPI_ERR_PROC_FAILED_PENDING", "MPI_ERR_PROC_ABORTED", "MPI_ERR_REVOKED", "MPI_ERR_PENDING",
+                "MPI_ERR_IN_STATUS")
+
+
+def may_echo(error):
+    """True for an mpi4py error that may be the echo of a dead peer (its class, or no class given)."""
+    if not error.startswith(MPI_ERROR):
+        return False
+    cls = re.match(r"(MPI_ERR_\w+)", error[len(MPI_ERROR):].strip())
+    return cls is None or cls[1] in PEER_CLASSES
 _FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
 _ERROR_LINE = re.compile(r"^(?P<kind>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): ?(?P<msg>.*)$")
 
@@ -189,11 +206,11 @@ def killed_rank(outcome, echoes=()):
     if statuses:
         return None  # hydra reported every rank and none ended the run
     text = "\n".join(outcome.tail)
-    ompi = re.search(r"process rank (\d+) with PID (\d+) on node\s+\S+\s+exited on signal (\d+)", text)
+    ompi = _OMPI_KILLED.search(text)
     if ompi:  # Open MPI names the rank itself (its PID is 0 in some versions: ours is then used)
-        rank, pid, sig = map(int, ompi.groups())
+        rank, pid, sig = map(int, ompi.groups()[1:])
         who = f"rank {rank} (pid {pid})" if pid else _rank_pid(outcome, rank)
-        return f"{who} was killed by {_signal_name(sig)}; mpirun then ended the other ranks"
+        return f"{who} was killed by {_signal_name(sig)}; {ompi[1]} then ended the other ranks"
     pid = re.search(r"PID (\d+) RUNNING AT", text)
     sig = re.search(r"signal (\d+)", text)
     if not pid:
@@ -202,6 +219,22 @@ def killed_rank(outcome, echoes=()):
     who = f"rank {by_pid[int(pid.group(1))]}" if int(pid.group(1)) in by_pid else "a rank"
     how = f"was killed by {_signal_name(int(sig.group(1)))}" if sig else "ended abnormally"
     return f"{who} (pid {pid.group(1)}) {how}; mpiexec then ended the other ranks"
+
+
+# Open MPI's report of a rank a signal ended, launcher first (mpirun in 4.x, prterun in 5.x); it wraps
+# its lines anywhere, "exited on" / "signal 11" included
+_OMPI_KILLED = re.compile(r"(\S+) noticed that process rank (\d+) with PID (\d+) on node\s+\S+\s+exited\s+"
+                          r"on\s+signal\s+(\d+)")
+
+
+def signalled(outcome):
+    """{rank: signal} of the ranks a signal ended, but SIGKILL (how launchers end the rest), from
+    hydra's statuses or Open MPI's report."""
+    if outcome.statuses:
+        return {r: s & 0x7F for r, s in enumerate(outcome.statuses)
+                if 0 < s & 0x7F < 0x7F and s & 0x7F != signal.SIGKILL}
+    ompi = _OMPI_KILLED.search("\n".join(outcome.tail))
+    return {int(ompi[2]): int(ompi[4])} if ompi and int(ompi[4]) != signal.SIGKILL else {}
 
 
 def _rank_pid(outcome, rank):

@@ -1,0 +1,64 @@
+"""Which MPI library this run is on, so that what a lesson says about MPI's insides (eager limits,
+rendezvous, progress, settings, the algorithm it picks) is said of the library that ran.
+
+    lib = mpilib.current()    # once MPI is up (after bootstrap.start)
+    lib.kind                  "mpich", "openmpi", or "other" (Intel MPI, MVAPICH, Cray MPICH derive
+                              from MPICH but have settings and defaults of their own: "other")
+    lib.name                  "MPICH 5.0.2", "Open MPI 5.0.11", or the library's first line, cleaned
+    mpilib.moves_large(lib)   where a started large message moves on it, in a few words
+
+Get_library_version() is the library's own text: several lines for MPICH, one long line ending in a
+NUL for Open MPI 5. A name printed from it is one line, printable, within 100 columns.
+"""
+import re
+from dataclasses import dataclass
+
+WIDTH = 100
+
+
+@dataclass(frozen=True)
+class Library:
+    kind: str
+    name: str
+    version: str = ""
+
+    @property
+    def major(self):
+        head = self.version.split(".")[0]
+        return int(head) if head.isdigit() else None
+
+
+def clean(text, width=WIDTH):
+    """One line of at most `width` columns: NULs and other control characters out, spaces collapsed."""
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def parse(text):
+    """A Library from Get_library_version()'s text (pure)."""
+    first = clean((text.replace("\0", "").strip().splitlines() or [""])[0], width=10 ** 6)
+    mpich = re.match(r"MPICH Version:\s*(\S+)", first)
+    if mpich:
+        return Library("mpich", f"MPICH {mpich[1]}", mpich[1])
+    ompi = re.match(r"Open MPI v(\d[\w.]*)", first)
+    if ompi:
+        return Library("openmpi", f"Open MPI {ompi[1]}", ompi[1])
+    return Library("other", clean(first) or "an MPI library that does not name itself")
+
+
+def current():
+    from mpi4py import MPI
+    return parse(MPI.Get_library_version())
+
+
+def moves_large(lib, progress_thread=False):
+    """Where a started large (rendezvous) message, or a non-blocking collective, moves on `lib`,
+    as a clause: "only inside MPI calls ...". progress_thread: MPICH's progress thread is on."""
+    if lib.kind == "mpich":
+        return ("on MPICH's progress thread (MPIR_CVAR_ASYNC_PROGRESS is set), which needs a free core"
+                if progress_thread else "only inside MPI calls (MPICH's progress thread is off; "
+                "MPIR_CVAR_ASYNC_PROGRESS=1 turns it on)")
+    if lib.kind == "openmpi" and lib.major is not None and lib.major <= 5:
+        return f"only inside MPI calls ({lib.name} runs no progress thread for it)"
+    return ("inside MPI calls, and between them only where the library runs a progress thread or its "
+            "network moves the data itself: that depends on the library and its transport")
