@@ -287,9 +287,9 @@ CONTROL, D_MODE = "(a) blocking, then compute (control)", "(d) (b) with MPICH as
 def d_not_here(ctx):
     """Why mode (d) does not run on this transport (None where it runs: MPI)."""
     if ctx.transport == "gloo":
-        return "n/a: MPICH's progress thread is for MPI; gloo moves p2p on its own threads"
+        return "n/a: an MPI progress thread is for MPI; gloo moves p2p on its own threads"
     if ctx.transport == "nccl":  # on either API
-        return "n/a: MPICH's progress thread does not drive NCCL's kernels"
+        return "n/a: an MPI progress thread does not drive NCCL's kernels"
     return None
 
 

@@ -255,9 +255,9 @@ def test_doctor_shows_a_new_enough_driver_beside_the_minimum(monkeypatch, capsys
 # ---- 6. lesson 02's mode (d), said for the transport that ran ----------------------------------
 
 @pytest.mark.parametrize("api, device, transport, said", [
-    ("torch", "gpu", "nccl", "n/a: MPICH's progress thread does not drive NCCL's kernels"),
-    ("mpi4py", "gpu", "nccl", "n/a: MPICH's progress thread does not drive NCCL's kernels"),
-    ("torch", "cpu", "gloo", "n/a: MPICH's progress thread is for MPI; gloo moves p2p on its own threads"),
+    ("torch", "gpu", "nccl", "n/a: an MPI progress thread does not drive NCCL's kernels"),
+    ("mpi4py", "gpu", "nccl", "n/a: an MPI progress thread does not drive NCCL's kernels"),
+    ("torch", "cpu", "gloo", "n/a: an MPI progress thread is for MPI; gloo moves p2p on its own threads"),
     ("mpi4py", "cpu", "mpi", None),
 ])
 def test_lesson_02_says_why_d_did_not_run_for_the_transport_that_ran(api, device, transport, said):
