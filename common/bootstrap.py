@@ -15,7 +15,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 
-from common import devices, watchdog
+from common import devices, watchdog, world
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -119,6 +119,7 @@ def start(file, parser, argv=None, uses_torch=False):
     args = parser.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
+    world.confirm(comm, MPI)  # -n ranks in one world, or one line and no lesson at all
     watchdog.install(comm.rank)
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)  # ranks sharing this node's memory
     hosts = comm.allgather(socket.gethostname())

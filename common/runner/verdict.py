@@ -21,6 +21,8 @@ def status(outcome, checks):
         return "interrupted"
     if outcome.timed_out:
         return "timeout"
+    if getattr(outcome, "wrong_world", None):  # every rank alone in a world of its own: never a pass
+        return "crash"
     if ok(outcome, checks):
         return "pass"
     if outcome.blocked and refused(outcome, checks):
@@ -79,6 +81,8 @@ def explain(lesson, outcome, checks):
         if not outcome.stacks:
             lines.append("  (no rank answered the stack-dump request: it hung before joining MPI)")
         return lines
+    if getattr(outcome, "wrong_world", None):
+        return [outcome.wrong_world]
     # an MPI error on a rank is often only the echo of a peer that died: it names no culprit itself
     echoes = {r: e for r, e in outcome.errors.items() if e.startswith(MPI_ERROR)}
     own = {r: e for r, e in outcome.errors.items() if r not in echoes}
