@@ -55,8 +55,9 @@ def venv_kit(tmp_path, interpreter):
 
 
 def clean_env():
-    return {k: v for k, v in os.environ.items() if k not in ("MPIEXEC", "TUTOR_PYTHON", "TUTOR_ANY_PYTHON",
-                                                             "VIRTUAL_ENV", "TUTOR_RUNNING_IN", "MAKEFLAGS")}
+    """A learner's shell: none of the variables an outer `make test MPI=... VENV=...` exports."""
+    drop = ("MPIEXEC", "TUTOR_PYTHON", "TUTOR_ANY_PYTHON", "VIRTUAL_ENV", "TUTOR_RUNNING_IN", "MPI", "VENV")
+    return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("MAKE", "MFLAGS"))}
 
 
 def test_a_venv_whose_python_is_gone_is_made_anew(tmp_path):
