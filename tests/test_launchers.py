@@ -1,0 +1,182 @@
+"""The launcher, wherever it comes from: known by its own --version, given what it needs (and only
+that), shown on the `$` line; and no run on the wrong world: a launcher that starts singletons, or one
+of another MPI, is refused in one line and never passes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common import world
+from common.runner import launch, launchers
+from conftest import FIXTURES, ROOT, dollar_line, tutor
+
+VERSIONS = {
+    "hydra": ("HYDRA build details:\n    Version:                                 5.0.2\n", "MPICH 5.0.2 (hydra)"),
+    "orte": ("mpiexec (OpenRTE) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n",
+             "Open MPI 4.1.4 (ORTE)"),
+    "mpirun4": ("mpirun (Open MPI) 4.1.6\n", "Open MPI 4.1.6 (ORTE)"),
+    "prrte": ("mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n",
+              "Open MPI 5.0.11 (PRRTE)"),
+    "srun": ("slurm 23.11.4\n", "Slurm 23.11.4 (srun: the MPI its PMI plugin serves)"),
+    "intel": ("Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619 (id: c2e19c2f3e)\n"
+              "Copyright 2003-2023, Intel Corporation.\n", "Intel MPI"),
+    "unknown": ("singletons 1.0\n", "unknown"),
+}
+KIND = {"hydra": "hydra", "orte": "open-mpi", "mpirun4": "open-mpi", "prrte": "open-mpi", "srun": "srun",
+        "intel": "intel", "unknown": ""}
+
+
+@pytest.mark.parametrize("name", sorted(VERSIONS))
+def test_each_launcher_is_known_by_its_version(name):
+    text, mpi = VERSIONS[name]
+    found = launchers.identify_text(text)
+    assert (found.kind, found.mpi) == (KIND[name], mpi)
+    assert "\0" not in found.version and len(found.version) <= 100
+
+
+def flags(name, argv=("mpiexec",), np=2, root=True, cores=2, monkeypatch=None):
+    monkeypatch.setattr(launchers, "physical_cores", lambda: cores)
+    return launchers.additions(launchers.identify_text(VERSIONS[name][0]), list(argv), np, root=root)
+
+
+@pytest.mark.parametrize("name", ["orte", "prrte"])
+def test_open_mpi_as_root_past_its_cores_gets_what_it_needs(name, monkeypatch):
+    assert flags(name, np=3, monkeypatch=monkeypatch) == [
+        "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+    assert flags(name, np=2, root=False, monkeypatch=monkeypatch) == ["--bind-to", "none"]
+
+
+def test_what_the_learner_gave_is_neither_repeated_nor_overridden(monkeypatch):
+    argv = ["mpirun", "--map-by", ":OVERSUBSCRIBE", "--bind-to", "core", "--allow-run-as-root"]
+    assert flags("prrte", argv, np=8, monkeypatch=monkeypatch) == []
+    assert "binds ranks to cores" in launchers.note_for(launchers.identify_text(VERSIONS["prrte"][0]), argv)
+
+
+@pytest.mark.parametrize("name, added", [
+    ("hydra", []), ("srun", ["--cpu-bind=none"]), ("intel", ["-genv", "I_MPI_PIN", "0"]), ("unknown", [])])
+def test_other_launchers(name, added, monkeypatch):
+    monkeypatch.delenv("I_MPI_PIN", raising=False)
+    assert flags(name, np=64, monkeypatch=monkeypatch) == added
+    said = launchers.note_for(launchers.identify_text(VERSIONS[name][0]), ["x"])
+    assert (said is not None) == (name == "unknown"), said
+
+
+def fake_launcher(folder, version, name="mpirun"):
+    """A launcher that says `version` and otherwise drops the Open MPI flags and runs the venv's
+    real launcher (found as the runner would find it without MPIEXEC)."""
+    real = os.path.join(ROOT, launch.found()[0]) if not os.environ.get("MPIEXEC") else None
+    if real is None or launch.flavour(real) != "hydra":
+        pytest.skip("needs hydra (MPICH) as the launcher the runner finds, to stand behind the fake")
+    path = folder / name
+    path.write_text("#!/bin/sh\n"
+                    f'if [ "$1" = --version ]; then printf "{version}"; exit 0; fi\n'
+                    'for a; do shift; case "$a" in --allow-run-as-root|--oversubscribe) ;; '
+                    '--bind-to) skip=1 ;; *) if [ -n "$skip" ]; then skip=; else set -- "$@" "$a"; fi ;; esac; done\n'
+                    f'exec {real} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("where", ["MPIEXEC", "PATH"])
+def test_the_dollar_line_shows_what_was_added_wherever_the_launcher_comes_from(where, tmp_path):
+    fake = fake_launcher(tmp_path, "mpiexec (OpenRTE) 4.1.4\\n", name="mpiexec")
+    env = {"TUTOR_LESSONS": FIXTURES}
+    if where == "MPIEXEC":
+        env["MPIEXEC"] = str(fake)
+    else:  # your own Python, with no mpiexec beside it: the launcher comes from PATH
+        bindir = tmp_path / "site"
+        bindir.mkdir()
+        (bindir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+        (bindir / "python").chmod(0o755)
+        env.update(PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", TUTOR_PYTHON=str(bindir / "python"))
+    proc = tutor("run", "1", "-n", "3", env=env)
+    first = dollar_line(proc.stdout).split()
+    assert proc.returncode == 0 and first[:2] == ["$", str(fake)], proc.stdout + proc.stderr
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    assert first[2:2 + len(root) + 4] == [*root, "--oversubscribe", "--bind-to", "none", "-n"], first
+
+
+def singletons(folder):
+    """A launcher that starts N singletons: the command N times, none with any MPI variable."""
+    path = folder / "singletons"
+    path.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "singletons 1.0"; exit 0; fi\n'
+                    'n=$2; shift 2; i=0\n'
+                    'while [ $i -lt $n ]; do env -u PMI_SIZE -u PMI_RANK "$@" & i=$((i+1)); done\n'
+                    'wait; exit 0\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("lesson, api", [
+    ("00", "mpi4py"), ("05", "mpi4py"), ("00", "torch"), ("05", "torch")])
+def test_singletons_are_refused_never_a_pass(lesson, api, tmp_path):
+    out = tmp_path / "out.json"
+    proc = tutor("run", lesson, "-n", "2", "--api", api, "--device", "cpu", "--json", str(out),
+                 env={"MPIEXEC": singletons(tmp_path)}, timeout=120)
+    said = [l for l in proc.stderr.splitlines() if "wrong world" in l]
+    assert proc.returncode != 0 and "PASS" not in proc.stdout, proc.stdout + proc.stderr
+    assert len(said) == 1 and "1 rank(s) of the 2 started" in said[0], proc.stderr
+    assert "mpi4py's MPI is " in proc.stderr and "singletons 1.0" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "crash" and doc["ok"] is False and doc["checks"] == [], doc
+
+
+def test_by_hand_each_process_of_a_wrong_world_says_so_itself(tmp_path):
+    """mpiexec of another MPI by hand: its size variable is set, the world is of one."""
+    script = tmp_path / "lesson.py"
+    script.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\n"
+                      "from common import bootstrap\n"
+                      "args, ctx = bootstrap.start(__file__, bootstrap.lesson_parser(__file__, ''))\n"
+                      "print('taught', ctx.world_size)\n")
+    proc = subprocess.run([sys.executable, "-m", "mpi4py", str(script)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "OMPI_COMM_WORLD_SIZE": "2"})
+    assert proc.returncode == 3 and "taught" not in proc.stdout, proc.stdout + proc.stderr
+    assert "wrong world: 1 rank(s) of the 2 started (OMPI_COMM_WORLD_SIZE)" in proc.stderr
+    assert "the launcher is Open MPI's" in proc.stderr
+
+
+@pytest.mark.parametrize("text, short", [
+    ("MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25\n", "MPICH 5.0.2"),
+    ("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022\0",
+     "Open MPI v4.1.4"),
+])
+def test_library_names_are_clean_and_short(text, short):
+    assert world.short_library(text) == short
+
+
+@pytest.mark.parametrize("launcher, library, mismatch", [
+    ("prrte", "MPICH Version: 5.0.2", True), ("hydra", "Open MPI v5.0.11, package", True),
+    ("hydra", "MPICH Version: 5.0.2", False), ("orte", "Open MPI v4.1.4, package", False),
+    ("srun", "MPICH Version: 5.0.2", False), ("unknown", "Open MPI v5.0.11", False)])
+def test_mismatch_is_said_only_when_both_are_known_and_differ(launcher, library, mismatch):
+    said = launchers.mismatch_of(launchers.identify_text(VERSIONS[launcher][0]), library)
+    assert (said is not None) == mismatch, said
+    assert said is None or said.startswith("MISMATCH: mpi4py is built for ")
+
+
+def doctor_mpi(launcher):
+    """doctor's mpi section (in a subprocess: no MPI library is loaded into pytest) with MPIEXEC set."""
+    proc = tutor("doctor", env={"MPIEXEC": str(launcher)}, timeout=120)
+    lines = proc.stdout.splitlines()
+    mpi = lines[lines.index("mpi") + 1:lines.index("torch")]
+    assert "Traceback" not in proc.stdout + proc.stderr and all(len(l) <= 100 for l in lines), proc.stdout
+    return proc.returncode, " ".join(" ".join(mpi).split())
+
+
+def test_doctor_says_a_singleton_launcher_is_not_one_world(tmp_path):
+    rc, said = doctor_mpi(singletons(tmp_path))
+    assert rc == 1 and "NO: 2 processes, each in a world of 1" in said, said
+
+
+def test_doctor_says_what_a_failed_launch_said(tmp_path):
+    bad = tmp_path / "mpirun"
+    bad.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "mpirun (Open MPI) 4.1.4"; exit 0; fi\n'
+                   'echo "mpirun has detected an attempt to run as root." >&2; exit 1\n')
+    bad.chmod(0o755)
+    rc, said = doctor_mpi(bad)
+    assert rc == 1 and "ValueError" not in said, said
+    assert "exited 1: mpirun has detected an attempt to run as root" in said, said
+    assert "launcher Open MPI 4.1.4 (ORTE)" in said, said
