@@ -197,7 +197,10 @@ def reasons(ctx, model, walk, mrows, algos):
     head = (f"(b) beta with every rank exchanging at once (ring neighbours, 4 MiB): "
             f"{model['beta_ring'] * 1e12:.1f} ps/B vs the lone ping-pong's {model['beta'] * 1e12:.1f} ps/B "
             f"(x{ratio:.2f}): ")
-    if ratio > 1.5:
+    if not ratio > 0:  # a beta of 0: the 4 MiB exchange took no longer than one item, within the noise
+        out.append(head + "one beta measured 0 (its bytes took no time beyond the noise), so the two are "
+                   "not compared")
+    elif ratio > 1.5:
         why = ("the ranks' time-sharing of the cores, (a), can explain that alone" if n > cores else
                "with a core per rank, what they share is the node's memory system" if ctx.single_node and
                ctx.transport in ("mpi", "gloo") else "something the links share slows them")
