@@ -11,13 +11,11 @@ import sys
 
 import pytest
 
-from common.runner import catalog, engine
+from common.runner import catalog, engine, launch
 from conftest import ROOT
 
 ACCELERATOR = os.path.join(ROOT, "tests", "gpu_double", "accelerator")
-PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
-PYTHON = PYTHON if os.path.exists(PYTHON) else sys.executable
-MPIEXEC = os.path.join(ROOT, ".venv", "bin", "mpiexec")
+PYTHON = sys.executable  # the tests' Python (the venv's, or TUTOR_PYTHON's), whose launcher the runner finds
 
 
 def lesson(number):
@@ -198,7 +196,7 @@ def test_the_cuda_major_is_read_from_the_installed_wheels(monkeypatch, installed
 
 def hello_on_old_driver(tmp_path, device):
     from gpu_double import env
-    hello = [MPIEXEC, "-n", "2", PYTHON, "-m", "mpi4py", "lessons/00_hello.py", "--device", device]
+    hello = [*launch.mpiexec(2), "-n", "2", PYTHON, "-m", "mpi4py", "lessons/00_hello.py", "--device", device]
     return subprocess.run(hello, capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, **env(tmp_path, driver="550.54.15")})
 
@@ -284,7 +282,7 @@ runpy.run_path("lessons/03_broadcast_scatter.py", run_name="__main__")
 def test_lesson_03_times_its_repetitions_on_one_backend_made_before_the_clock():
     """torch + NCCL's backend runs an all-reduce when it is made: made per repetition, that ran inside
     the timed region. One backend per way (bcast+slice, scatter), however many repetitions."""
-    proc = subprocess.run([MPIEXEC, "-n", "2", PYTHON, "-c", COUNT_BACKENDS], capture_output=True, text=True,
+    proc = subprocess.run([*launch.mpiexec(2), "-n", "2", PYTHON, "-c", COUNT_BACKENDS], capture_output=True, text=True,
                           timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [x for x in proc.stdout.splitlines() if x.startswith("backends made")] == ["backends made: 2"] * 2

@@ -180,3 +180,14 @@ def test_doctor_says_what_a_failed_launch_said(tmp_path):
     assert rc == 1 and "ValueError" not in said, said
     assert "exited 1: mpirun has detected an attempt to run as root" in said, said
     assert "launcher Open MPI 4.1.4 (ORTE)" in said, said
+
+
+def test_nul_bytes_and_an_unended_last_line_never_lead_the_runners_own_lines(capsys):
+    """Open MPI's launcher leaves a NUL at the end of its crash report: it showed as '\\x00CRASH ...'."""
+    import io
+    out = launch.Outcome(rc=0, seconds=0.0)
+    launch._pump(io.BytesIO(b"Open MPI v5.0.11\x00\nrank 1 failed\n\x00"), out, echo=True)
+    shown = capsys.readouterr().out
+    assert "\x00" not in shown and shown.endswith("\n") and out.tail == ["Open MPI v5.0.11", "rank 1 failed"]
+    launch._pump(io.BytesIO(b"last words"), out, echo=True)
+    assert capsys.readouterr().out == "last words\n"

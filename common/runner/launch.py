@@ -156,7 +156,13 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
 def _pump(stream, out, echo):
     codes = False  # within hydra's 'Exit codes:' report, which gives each further host a line
     for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace")
+        # Open MPI's launcher writes stray NUL bytes (one ends its crash report): nothing a person reads,
+        # and one left at the end of the output would lead the runner's own next line
+        line = raw.decode(errors="replace").replace("\x00", "")
+        if not line:
+            continue
+        if not line.endswith("\n"):  # the output's last words, unended: the runner's lines go below them
+            line += "\n"
         statuses = hydra_statuses(line)
         if statuses is not None:
             out.statuses, codes = statuses, True
