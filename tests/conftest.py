@@ -6,6 +6,7 @@ import atexit
 import importlib.machinery
 import importlib.util
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,18 @@ def dollar_line(output):
         if not line.endswith("\\"):
             break
     return " ".join(words)
+
+
+def end_marked(proc, mark):
+    """End a test's run: SIGKILL every process carrying TUTOR_TEST_MARK=mark, then `proc`; its output."""
+    for pid in processes_running(mark=mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    return proc.communicate()[0]
 
 
 def processes_running(fragment=None, mark=None):

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from common.runner import engine, launch
-from conftest import FIXTURES, TUTOR, processes_running, tutor
+from conftest import FIXTURES, TUTOR, end_marked, processes_running, tutor
 
 # these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
 # share one worker, so one test never sees another's run of the same fixture as its own leftover
@@ -71,14 +71,7 @@ def hung_run(tmp_path):
         time.sleep(0.1)
     time.sleep(1.0)  # the ranks reach their Recv / Barrier
     yield proc, mark, tmpdir, env
-    for pid in marked(mark):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    if proc.poll() is None:
-        proc.kill()
-    proc.communicate()
+    end_marked(proc, mark)
 
 
 def wait_gone(mark, limit=10.0):

@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from common import guard, plot, report
-from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
+from conftest import FIXTURES, ROOT, TUTOR, end_marked, processes_running, tutor
 from test_practice import PRACTICE_FIXTURES
 from test_robust import one_line_error
 
@@ -230,17 +230,6 @@ def _hung(mark, *args, tmpdir=None):
     return proc
 
 
-def _end(proc, mark):
-    for pid in processes_running(mark=mark):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    if proc.poll() is None:
-        proc.kill()
-    return proc.communicate()[0]
-
-
 def test_ctrl_z_stops_the_run_with_the_runner_and_fg_continues_it():
     mark = uuid.uuid4().hex
     proc = _hung(mark, "--timeout", "60")
@@ -254,7 +243,7 @@ def test_ctrl_z_stops_the_run_with_the_runner_and_fg_continues_it():
         time.sleep(1.0)
         going = _states(mark)
     finally:
-        _end(proc, mark)
+        end_marked(proc, mark)
     assert len(stopped) >= 4 and set(stopped.values()) == {"T"}, stopped
     assert "T" not in going.values(), going
 
@@ -272,7 +261,7 @@ def test_a_rank_stopped_with_sigstop_is_named_in_the_timeout_report(tmp_path):
         os.kill(int(pid_file.read_text()), signal.SIGSTOP)
         out = proc.communicate(timeout=60)[0]
     finally:
-        _end(proc, mark)
+        end_marked(proc, mark)
     assert proc.returncode == 124, out
     assert re.search(r"rank 1: stopped, state T \(pid \d+\)", out), out
     assert re.search(r"rank 0: wait_forever\(\) at tests/fixtures/04_hang.py", out), out
