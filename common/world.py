@@ -6,8 +6,9 @@ The size the world must have comes from the runner (TUTOR_NP, its -n) or else fr
 variables (PMI_SIZE: hydra, Intel MPI, srun's PMI; OMPI_COMM_WORLD_SIZE: Open MPI's mpirun).
 """
 import os
-import re
 import sys
+
+from common import mpilib
 
 SIZE_VARS = ("TUTOR_NP", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 MARK = "wrong-world"  # the runner's run folder gets this file: the run is never a pass
@@ -32,14 +33,6 @@ def launcher_words():
     return "one that set no MPI variables"
 
 
-def short_library(text):
-    """'MPICH 5.0.2', 'Open MPI v5.0.11', ...: the start of MPI.Get_library_version(), cleaned of NUL."""
-    words = " ".join(text.replace("\0", " ").split())
-    mpich = re.match(r"MPICH Version:\s*(\S+)", words)
-    short = f"MPICH {mpich[1]}" if mpich else words.split(",")[0]
-    return short if len(short) <= 40 else short[:39] + "…"
-
-
 def confirm(comm, MPI):
     """Stop before any output unless COMM_WORLD has the size the launcher was asked for: one line,
     exit status 3, and (under the runner) a mark in the run folder that makes the run a crash, never
@@ -48,7 +41,7 @@ def confirm(comm, MPI):
     if want is None or comm.size == want:
         return
     line = (f"wrong world: {comm.size} rank(s) of the {want} started ({source}); mpi4py's MPI is "
-            f"{short_library(MPI.Get_library_version())}, the launcher is {launcher_words()}")
+            f"{mpilib.current().name}, the launcher is {launcher_words()}")
     if not marked(line):
         print(line, file=sys.stderr, flush=True)
     MPI.Finalize()  # after Finalize, mpi4py's -m exits with our status instead of calling MPI_Abort

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from common import devices, driver, world
+from common import devices, driver, mpilib
 from common.runner import launch, launchers
 
 
@@ -53,7 +53,7 @@ def mpi_section():
         mpi4py.rc.initialize = False  # the library version is readable before MPI_Init
         from mpi4py import MPI
         line("mpi4py", mpi4py.__version__)
-        line("MPI library", world.short_library(MPI.Get_library_version()))
+        line("MPI library", mpilib.current().name)
         return MPI.Get_library_version()
 
     def launcher():

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from common import world
+from common import mpilib
 from common.runner.catalog import ROOT
 
 
@@ -190,7 +190,7 @@ def mismatch_of(launcher, library_text):
     kind = {"hydra": "mpich", "open-mpi": "open-mpi"}.get(launcher.kind, "")
     if not family or not kind or family == kind:
         return None
-    return (f"MISMATCH: mpi4py is built for {world.short_library(library_text)}, the launcher is "
+    return (f"MISMATCH: mpi4py is built for {mpilib.parse(library_text).name}, the launcher is "
             f"{launcher.mpi}: build mpi4py for the launcher's MPI, or use that MPI's launcher")
 
 
