@@ -274,7 +274,7 @@ import atexit, runpy, sys
 from common import p2p
 made, real = [], p2p.backend
 p2p.backend = lambda ctx: made.append(1) or real(ctx)
-atexit.register(lambda: print("backends made:", len(made), flush=True))
+atexit.register(lambda: print(f"backends made: {len(made)}", flush=True))  # one write, never split
 sys.argv = ["lessons/03_broadcast_scatter.py", "--reps", "3"]
 runpy.run_path("lessons/03_broadcast_scatter.py", run_name="__main__")
 """
