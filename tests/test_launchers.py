@@ -191,3 +191,25 @@ def test_nul_bytes_and_an_unended_last_line_never_lead_the_runners_own_lines(cap
     assert "\x00" not in shown and shown.endswith("\n") and out.tail == ["Open MPI v5.0.11", "rank 1 failed"]
     launch._pump(io.BytesIO(b"last words"), out, echo=True)
     assert capsys.readouterr().out == "last words\n"
+
+
+def test_a_session_folder_a_killed_launcher_left_never_stops_a_later_run(tmp_path):
+    """Open MPI 5 keeps its session in $TMPDIR/ompi.<launcher pid>, and a launcher killed by the
+    watchdog leaves it behind; a later launcher that got the same pid failed to start (CI: "The PMIx
+    server's listener thread failed to start", exit 213). Each run has a temp folder of its own, inside
+    its run folder: stale sessions in the learner's TMPDIR for the next pids change nothing."""
+    with open("/proc/sys/kernel/ns_last_pid") as f:
+        last = int(f.read())
+    host = os.uname().nodename
+    for pid in range(last + 1, last + 400):  # made here, in this process: no pid is used up doing it
+        stale = tmp_path / f"ompi.{pid}"
+        stale.mkdir()
+        for name in (f"pmix.{host}.tool", f"pmix.{host}.tool.{pid}", f"pmix.{host}.tool.prterun-{host}-{pid}@0"):
+            (stale / name).write_text("left by a killed run\n")
+    probe = ("import os; t, r = os.environ['TMPDIR'], os.environ['TUTOR_RUN_DIR']; "
+             "print('tmp-in-run-folder', t.startswith(r + os.sep) and os.path.isdir(t))")
+    cmd = [*launch.mpiexec(2), "-n", "2", launchers.python(), "-c", probe]
+    out = launch.run(cmd, timeout=60, echo=False, env={"TMPDIR": str(tmp_path)})
+    said = "\n".join(out.tail)
+    assert out.rc == 0 and said.count("tmp-in-run-folder True") == 2, said
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"ompi.{p}" for p in range(last + 1, last + 400))

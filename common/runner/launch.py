@@ -92,7 +92,12 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     # one BLAS / OpenMP thread per rank unless the learner set a number: N ranks that each start a thread
     # per core spin against each other (a 32x256 @ 256x256 matmul took 19x as long at NP 4 on 2 cores)
     threads = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    env = {**threads, **os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir,
+    # the launcher's and the ranks' temp files go in the run folder, removed with it. Open MPI keeps its
+    # session in $TMPDIR/ompi.<launcher pid>; one a killed run left behind makes a later launcher that
+    # gets the same pid fail at start ("The PMIx server's listener thread failed to start", exit 213)
+    scratch = os.path.join(run_dir, "tmp")
+    os.mkdir(scratch)
+    env = {**threads, **os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir, "TMPDIR": scratch,
            "TUTOR_RESULTS": results_path, "PYTHONUNBUFFERED": "1"}
     out = Outcome(rc=0, seconds=0.0, limit=timeout)
     start = time.monotonic()
