@@ -5,6 +5,7 @@ alpha-beta formulas, and the published figures the prices are checked against.
     ring_time(cluster, nbytes)      NCCL's ring over every rank: lesson 07's predict("ring", ...)
     nvls_time(cluster, nbytes)      NVSwitch reduces in the switch: each GPU moves (n+1)/n of the buffer
     two_level(cluster, nbytes)      the hierarchy: reduce-scatter in the node, all-reduce across, all-gather
+    price(figure)                   its busbw: common/bandwidth.py's, nccl-tests' all-reduce factor 2(n-1)/n
     FIGURES, MISSES                 published all-reduce busbw, each with its address and the phrase read
 
 Every number below was read at the address beside it (the lesson's report prints them); nothing here
@@ -13,6 +14,7 @@ is fitted to the figures it is checked against. One protocol efficiency serves e
 import math
 from dataclasses import dataclass
 
+from common import bandwidth
 from lessons.zoo_model import predict
 
 GB = 1e9
@@ -67,11 +69,9 @@ def bottleneck(c):
     """B/s each rank's ring moves (one direction): NCCL runs one ring per NIC, so across nodes the
     rings together get nics_per_node NICs through each node's edge, and every ring also crosses each
     GPU's own link into the node."""
-    # >>> exercise: bottleneck
     if c.nodes == 1:
         return c.bw(c.intra)
     return min(c.bw(c.intra), c.nics_per_node * c.bw(c.nic))
-    # <<< exercise: bottleneck
 
 
 def ring_time(c, nbytes):
@@ -103,18 +103,11 @@ def two_level(c, nbytes):
     return intra + predict("ring", m, math.ceil(nbytes / g), c.alpha(c.nic), 1 / share, 0.0)
 
 
-def busbw(nbytes, seconds, n):
-    """nccl-tests' all-reduce busbw in GB/s: algbw times 2(n-1)/n."""
-    # >>> exercise: busbw
-    return nbytes / seconds / GB * 2 * (n - 1) / n
-    # <<< exercise: busbw
-
-
 def price(row):
     """The predicted busbw of one figure's row, GB/s (per NIC where the figure is per NIC)."""
     c = Cluster(row["gpus_per_node"], row["nodes"], row["intra"], row["nic"], row["nics_per_node"])
     t = nvls_time(c, row["size"]) if row["algo"] == "nvls" else ring_time(c, row["size"])
-    return busbw(row["size"], t, c.n) / (row["nics_per_node"] if row["per_nic"] else 1)
+    return bandwidth.busbw("allreduce", row["size"], t, c.n) / (row["nics_per_node"] if row["per_nic"] else 1)
 
 
 def _fig(label, gpn, nodes, intra, nic, nics, algo, published, source, phrase, size=8 << 30, per_nic=False):

@@ -89,10 +89,8 @@ def step(strategy, s, c):
         out["busy_s"] = out["compute_s"] * (m + pp - 1) / m  # lesson 12's bubble: (p-1)/(m+p-1) idle
     out["comm_bytes"] = out.get("comm_bytes", out.get("tp_bytes", 0) + out.get("pp_bytes", 0) +
                                 out.get("dp_bytes", 0))
-    # >>> exercise: overlap
     out["step_lo"] = max(out["busy_s"], out["comm_s"])   # every byte hidden behind compute, at best
     out["step_hi"] = out["busy_s"] + out["comm_s"]       # nothing hidden, at worst
-    # <<< exercise: overlap
     return out
 
 
