@@ -142,7 +142,8 @@ def step_rows(args):
                 rows.append(dict(r, model=name, strategy=strategy, world=r["world"], params=r["params"],
                                  tokens=r["tokens"], flops=r["flops"], comm_bytes=r["comm_bytes"],
                                  comm_s=r["comm_s"], compute_s=r["compute_s"], busy_s=r["busy_s"],
-                                 step_lo=r["step_lo"], step_hi=r["step_hi"], state_gb=r["state_gb"]))
+                                 step_lo=r["step_lo"], step_hi=r["step_hi"], state_gb=r["state_gb"],
+                                 block_params=r.get("block_params", 0), root_params=r.get("root_params", 0)))
     return rows
 
 
@@ -159,7 +160,7 @@ def show_step(rows, args):
         elif r["strategy"] == "3d":  # the largest of its three parts
             where = max(("tp", r["tp_s"]), ("pp", r["pp_s"]), ("dp", r["dp_s"]), key=lambda kv: kv[1])[0]
         else:
-            where = "3 passes"
+            where = "3 passes"  # gather, gather again, reduce-scatter (the root: 2)
         body.append((r["model"], r["world"], r["strategy"], round(r["comm_bytes"] / 1e9, 1), round(r["comm_s"], 3),
                      round(r["busy_s"], 3), f"{r['step_lo']:.3g}-{r['step_hi']:.3g}", round(r["state_gb"], 1),
                      where))
@@ -184,9 +185,10 @@ def closed_forms(d):
     per = (L // d["pp"]) * d["micro"]
     return [("DP all-reduce calls (25 MiB buckets)", d["dp_allreduce_calls"], -(-B * P // d["bucket"]),
              "ceil(2P / bucket)"),
-            ("FSDP all-gathers", d["fsdp_all_gather_calls"], 2 * (L + 1), "2 (layers + 1)"),
-            ("FSDP reduce-scatters", d["fsdp_reduce_scatter_calls"], L + 1, "layers + 1"),
-            ("FSDP bytes sent", d["fsdp_bytes"], 3 * (N - 1) * d["shard_items"] * B, "3 (N-1) shard B"),
+            ("FSDP all-gathers", d["fsdp_all_gather_calls"], 2 * L + 1, "2 layers + root"),
+            ("FSDP reduce-scatters", d["fsdp_reduce_scatter_calls"], L + 1, "layers + root"),
+            ("FSDP bytes sent", d["fsdp_bytes"], (N - 1) * B * (3 * L * d["block_shard"] + 2 * d["root_shard"]),
+             "(N-1) B (3 L blk + 2 root)"),
             ("3D: TP all-reduces", d["tp_allreduce_calls"], 4 * per, "4 layers/pp micro"),
             ("3D: PP sends (a middle stage)", d["pp_send_calls"], 2 * d["micro"], "2 micro"),
             ("3D: PP receives", d["pp_recv_calls"], 2 * d["micro"], "2 micro"),
@@ -312,7 +314,7 @@ def main():
     summary = {"links": sm.LINKS, "efficiency_source": sm.EFFICIENCY_SOURCE, "figures": figures, "misses": misses, "step": steps, "calib": calib,
                "dry": [dict(d, model=name, world=d["world"], layers=d["layers"], params=d["params"],
                             bucket=d["bucket"], bytes=d["bytes"], tp=d["tp"], pp=d["pp"], micro=d["micro"],
-                            shard_items=d["shard_items"], dp_allreduce_calls=d["dp_allreduce_calls"],
+                            block_shard=d["block_shard"], root_shard=d["root_shard"], dp_allreduce_calls=d["dp_allreduce_calls"],
                             fsdp_all_gather_calls=d["fsdp_all_gather_calls"],
                             fsdp_reduce_scatter_calls=d["fsdp_reduce_scatter_calls"], fsdp_bytes=d["fsdp_bytes"],
                             tp_allreduce_calls=d["tp_allreduce_calls"], pp_send_calls=d["pp_send_calls"],

@@ -52,8 +52,10 @@ def plan(strategy, s, world):
     p, n = params(s), world
     if strategy == "dp":  # lesson 08: all-reduce the gradient, 2(N-1)/N of it per rank
         return dict(comm_bytes=2 * (n - 1) / n * BYTES * p, state_gb=STATE * p / 1e9)
-    if strategy == "fsdp":  # lesson 10: all-gather forward, again backward, reduce-scatter gradients
-        return dict(comm_bytes=3 * (n - 1) / n * BYTES * p, state_gb=STATE * p / n / 1e9)
+    if strategy == "fsdp":  # lesson 10: all-gather forward, again backward, reduce-scatter gradients;
+        blocks = s["layers"] * layer_params(s)  # fully_shard keeps the root gathered for backward
+        return dict(comm_bytes=(n - 1) / n * BYTES * (3 * blocks + 2 * (p - blocks)), state_gb=STATE * p / n / 1e9,
+                    block_params=blocks, root_params=p - blocks)
     tp, pp, dp = layout(world)
     micro = SEQS // dp
     act = SEQ * s["d"] * BYTES  # one microbatch's activation at a layer boundary
@@ -124,8 +126,8 @@ def ghost(count):
 
 
 def units(s):
-    """fully_shard's units: each transformer block, then the root (embeddings, head, final norm)."""
-    return [layer_params(s)] * s["layers"] + [params(s) - s["layers"] * layer_params(s)]
+    """fully_shard's units: the root (embeddings, head, final norm), then each transformer block."""
+    return [params(s) - s["layers"] * layer_params(s)] + [layer_params(s)] * s["layers"]
 
 
 def buckets(be, total):
@@ -143,13 +145,14 @@ def dry_run(s, world):
     with dp.phase("dp"):
         buckets(dp, BYTES * params(s))
     fsdp = counting.Counted(Nothing(), world)
-    shards = [math.ceil(u / world) for u in units(s)]
+    shards = [math.ceil(u / world) for u in units(s)]  # items of each unit's shard, padded
     with fsdp.phase("forward"):
         for sh in shards:
             fsdp.all_gather(ghost(sh * world), ghost(sh))
     with fsdp.phase("backward"):
-        for sh in reversed(shards):
-            fsdp.all_gather(ghost(sh * world), ghost(sh))  # gathered again: freed after forward
+        for i, sh in reversed(list(enumerate(shards))):
+            if i > 0:  # the root stays gathered from forward to backward (torch's _fsdp_state.py:
+                fsdp.all_gather(ghost(sh * world), ghost(sh))  # "For the root, do not reshard after forward")
             fsdp.reduce_scatter(ghost(sh), ghost(sh * world))
     tp_n, pp_n, dp_n = layout(world)
     micro, act = SEQS // dp_n, SEQ * s["d"]
@@ -182,7 +185,7 @@ def dry_run(s, world):
     out.update(dp_allreduce_calls=dp.total(field="calls"), dp_allreduce_bytes=dp.total(),
                fsdp_all_gather_calls=fsdp.total(names=["all_gather"], field="calls"),
                fsdp_reduce_scatter_calls=fsdp.total(names=["reduce_scatter"], field="calls"),
-               fsdp_bytes=fsdp.total(), units=len(shards), shard_items=sum(shards),
+               fsdp_bytes=fsdp.total(), units=len(shards), root_shard=shards[0], block_shard=shards[1],
                tp=tp_n, pp=pp_n, dp=dp_n, micro=micro, stage=stage,
                tp_allreduce_calls=tp.total(field="calls"), pp_send_calls=pp.total(names=["send"], field="calls"),
                pp_recv_calls=pp.total(names=["recv"], field="calls"), dp3_allreduce_calls=dp3.total(field="calls"))

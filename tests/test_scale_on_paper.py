@@ -1,0 +1,132 @@
+"""Lesson 16's paper model and dry run as pure functions (no MPI), and the dry run's counts against
+torch's own FSDP2 and tensor-parallel plans under torch's fake process group (the `torch` marker: it
+imports torch). The lesson's runs are in test_lessons.py, its wrong answers in
+tests/wrong_answers/16_scale_on_paper.yaml."""
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, tutor
+from lessons import scale_model as sm
+from lessons import scale_step as st
+
+
+def numbers(text):
+    """Every number in a phrase, and every range a-b as (a, b)."""
+    ranges = [(float(a), float(b)) for a, b in re.findall(r"(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)", text)]
+    return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text)], ranges
+
+
+@pytest.mark.parametrize("fig", sm.FIGURES + sm.MISSES, ids=lambda f: f["label"])
+def test_every_published_figure_is_in_the_phrase_read_at_its_address(fig):
+    assert fig["source"].startswith("https://") and fig["phrase"]
+    plain, ranges = numbers(fig["phrase"])
+    assert fig["published"] in plain or any(a <= fig["published"] <= b for a, b in ranges), fig
+
+
+def test_every_link_class_cites_its_source():
+    for name, link in sm.LINKS.items():
+        assert link["source"].startswith("https://") and link["GBps"] > 0 and link["alpha_us"] > 0, name
+
+
+def test_a_big_ring_runs_at_the_slowest_link_class_it_crosses():
+    one = sm.Cluster(8, 1, "nvlink4", "ndr", 8)
+    many = sm.Cluster(8, 4, "nvlink3", "hdr", 4)
+    huge = 1 << 40
+    for c, want in ((one, 450e9), (many, 4 * 25e9)):
+        t = sm.ring_time(c, huge)
+        assert 2 * (c.n - 1) / c.n * huge / t == pytest.approx(sm.EFFICIENCY * want, rel=1e-3)
+    assert sm.two_level(one, 1 << 30) == sm.ring_time(one, 1 << 30)  # one node: one level
+
+
+@pytest.mark.parametrize("world", [16, 64, 1024])
+@pytest.mark.parametrize("name", sorted(st.SHAPES))
+def test_the_dry_run_counts_equal_the_closed_forms_at_any_world(name, world):
+    s = st.SHAPES[name]
+    d = st.dry_run(s, world)
+    L, P = s["layers"], st.params(s)
+    tp, pp, dp = st.layout(world)
+    micro = st.SEQS // dp
+    assert d["dp_allreduce_calls"] == math.ceil(2 * P / (25 << 20))
+    assert (d["fsdp_all_gather_calls"], d["fsdp_reduce_scatter_calls"]) == (2 * L + 1, L + 1)
+    assert d["tp_allreduce_calls"] == 4 * (L // pp) * micro
+    middle = 2 * micro if pp > 2 else micro  # a middle stage talks both ways; with 2 stages, stage 1 is last
+    assert d["pp_send_calls"] == d["pp_recv_calls"] == (middle if pp > 1 else 0)
+    # the step's closed form per GPU is the dry run's bytes but for the shards' padding
+    per_gpu = st.plan("fsdp", s, world)["comm_bytes"]
+    assert d["fsdp_bytes"] == pytest.approx(per_gpu, rel=1e-4)
+
+
+def test_a_cluster_described_by_flags_is_refused_in_one_line_when_impossible():
+    done = tutor("run", "16", "-n", "1", "--", "--nic-Gbps", "-5", timeout=120)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "--nic-Gbps: expected a number > 0" in said, said
+    assert "Traceback" not in said
+
+
+FAKE = """
+import sys, torch, torch.nn as nn, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+L, world = 4, int(sys.argv[1])
+class Block(nn.Module):  # attention's q..o and the MLP's up..down: Megatron's two pairs
+    def __init__(s):
+        super().__init__()
+        s.q, s.o, s.up, s.down = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 32), nn.Linear(32, 16)
+    def forward(s, x):
+        x = x + s.o(s.q(x))
+        return x + s.down(torch.relu(s.up(x)))
+class Model(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.emb, s.blocks, s.head = nn.Embedding(50, 16), nn.ModuleList(Block() for _ in range(L)), nn.Linear(16, 50)
+    def forward(s, x):
+        h = s.emb(x)
+        for b in s.blocks:
+            h = b(h)
+        return s.head(h)
+dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+mesh = init_device_mesh("cpu", (world,))
+m = Model()
+for b in m.blocks:
+    fully_shard(b, mesh=mesh)
+fully_shard(m, mesh=mesh)
+with CommDebugMode() as cm:
+    m(torch.randint(0, 50, (2, 4))).sum().backward()
+counts = {str(k): v for k, v in cm.get_comm_counts().items()}
+tp = nn.Sequential(*[Block() for _ in range(L)])
+tp_mesh = init_device_mesh("cpu", (world // 8, 8), mesh_dim_names=("dp", "tp"))["tp"]  # 8 in a node
+for b in tp:
+    parallelize_module(b, tp_mesh, {"q": ColwiseParallel(), "o": RowwiseParallel(), "up": ColwiseParallel(),
+                                    "down": RowwiseParallel()})
+with CommDebugMode() as cm:
+    tp(torch.randn(4, 16, requires_grad=True)).sum().backward()
+print(counts.get("c10d._allgather_base_", 0), counts.get("c10d._reduce_scatter_base_", 0),
+      sum(v for k, v in cm.get_comm_counts().items() if "all_reduce" in str(k)))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+def test_torch_fake_process_group_counts_what_the_dry_run_counts(tmp_path):
+    """fully_shard at 1024 ranks and Megatron's column/row plans, run on torch's fake process group in one
+    process, make the calls scale_step's dry run counts: the root stays gathered for backward; f and g
+    cost 4 all-reduces a block (2 forward, 2 backward)."""
+    script = tmp_path / "fake_pg.py"
+    script.write_text(FAKE)
+    done = subprocess.run([sys.executable, str(script), "1024"], capture_output=True, text=True, timeout=240,
+                          cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    gathers, scatters, allreduces = map(int, done.stdout.split()[-3:])
+    shape = dict(st.SHAPES["8B"], layers=4)
+    d = st.dry_run(shape, 1024)
+    assert (gathers, scatters) == (d["fsdp_all_gather_calls"], d["fsdp_reduce_scatter_calls"]) == (9, 5)
+    per_block_per_micro = d["tp_allreduce_calls"] / (d["micro"] * (shape["layers"] // d["pp"]))
+    assert allreduces == 4 * per_block_per_micro == 16
