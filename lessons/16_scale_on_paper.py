@@ -28,9 +28,9 @@ What to watch for:
 Run it:
   make lesson-16 NP=2                 (ARGS="--nodes 16 --nic-Gbps 200 --nics-per-node 4")
   .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py lessons/16_scale_on_paper.py --api mpi4py
-Read after it: lessons/scale_model.py (links, prices, the figures), lessons/scale_step.py (the step).
+Read after it: lessons/scale_model.py (links, prices, the figures), lessons/scale_step.py (the step),
+lessons/scale_dry.py (the dry run).
 """
-import argparse
 import os
 import sys
 
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, p2p, report  # noqa: E402
-from lessons import scale_model as sm  # noqa: E402
+from lessons import scale_dry, scale_model as sm  # noqa: E402
 from lessons import scale_step as st  # noqa: E402
 from lessons.zoo_model import best_of, measure_model, predict, wrapped  # noqa: E402
 from lessons.zoo_schedules import checked_plan, ring_schedule  # noqa: E402
@@ -49,18 +49,6 @@ CALIB = (4096, 65536, 1 << 20)  # section 4: all-reduce sizes timed here, bytes
 ITERS = 5                    # section 4: timed calls per batch
 PING_ITERS = 10              # section 4: round trips per ping-pong size
 HBM_GB = 80                  # H100 SXM memory: "80 GB HBM3 (5 stacks)", glennklockwood.com/garden/processors/h100
-
-
-def positive(kind):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-        if not value > 0 or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-        return value
-    return parse
 
 
 def short(url):
@@ -151,7 +139,8 @@ def show_step(rows, args):
     print(wrapped(f"{st.SEQS} sequences of {st.SEQ} tokens per step at any GPU count; bf16 on the wire; "
                   f"compute at {st.FLOPS / 1e12:.1f} TFLOP/s per GPU (H100 BF16 dense peak, "
                   f"{short(st.FLOPS_SOURCE)}): the least it can take, so the hardest to hide behind. "
-                  f"3D: TP {st.TP} in a node, PP up to {st.PP} stages across nodes, DP the rest; "
+                  f"3D: TP {min(st.TP, args.gpus_per_node)} in a node, PP up to {st.PP} stages across nodes, "
+                  "DP the rest; "
                   f"{args.gpus_per_node} GPUs a node"))
     body = []
     for r in rows:
@@ -207,6 +196,18 @@ def show_dry(dry):
         differ = [r[0] for r in rows if r[3] == "NO"]
         if differ:  # the runner's checks fail on these too (computed again from the shapes alone)
             print(wrapped(f"the dry run disagrees with the closed form at: {', '.join(differ)}"))
+
+
+def reported_dry(dry):
+    """One row per model: the shapes and layout the runner's closed forms need, and the counts."""
+    return [dict(d, model=name, world=d["world"], layers=d["layers"], params=d["params"], bucket=d["bucket"],
+                 bytes=d["bytes"], tp=d["tp"], pp=d["pp"], micro=d["micro"], block_shard=d["block_shard"],
+                 root_shard=d["root_shard"], dp_allreduce_calls=d["dp_allreduce_calls"],
+                 fsdp_all_gather_calls=d["fsdp_all_gather_calls"],
+                 fsdp_reduce_scatter_calls=d["fsdp_reduce_scatter_calls"], fsdp_bytes=d["fsdp_bytes"],
+                 tp_allreduce_calls=d["tp_allreduce_calls"], pp_send_calls=d["pp_send_calls"],
+                 pp_recv_calls=d["pp_recv_calls"], dp3_allreduce_calls=d["dp3_allreduce_calls"])
+            for name, d in dry.items()]
 
 
 # ---- section 4: calibrated here ------------------------------------------------------------------
@@ -269,14 +270,14 @@ def show_yours(args):
 
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--gpus-per-node", type=positive(int), default=8, metavar="G")
-    parser.add_argument("--nodes", type=positive(int), default=None, metavar="M",
+    parser.add_argument("--gpus-per-node", type=bootstrap.positive(int), default=8, metavar="G")
+    parser.add_argument("--nodes", type=bootstrap.positive(int), default=None, metavar="M",
                         help="nodes of your cluster (section 5; default: not shown)")
-    parser.add_argument("--intra-GBps", type=positive(float), default=None, metavar="X",
+    parser.add_argument("--intra-GBps", type=bootstrap.positive(float), default=None, metavar="X",
                         help="each GPU's link into the node, one direction, GB/s (default NVLink 4: 450)")
-    parser.add_argument("--nic-Gbps", type=positive(float), default=None, metavar="Y",
+    parser.add_argument("--nic-Gbps", type=bootstrap.positive(float), default=None, metavar="Y",
                         help="one NIC's line rate, Gb/s (default 400: NDR)")
-    parser.add_argument("--nics-per-node", type=positive(int), default=8, metavar="K")
+    parser.add_argument("--nics-per-node", type=bootstrap.positive(int), default=8, metavar="K")
     parser.add_argument("--size", type=bandwidth.parse_size, default=1 << 30, metavar="BYTES",
                         help="section 5's all-reduce size (default 1G)")
     args, ctx = bootstrap.start(__file__, parser)
@@ -291,7 +292,7 @@ def main():
     n = ctx.world_size
     figures, misses = figure_rows(sm.FIGURES), figure_rows(sm.MISSES)
     steps = step_rows(args)
-    dry = {name: st.dry_run(shape, DRY_WORLD) for name, shape in st.SHAPES.items()}
+    dry = {name: scale_dry.dry_run(shape, DRY_WORLD) for name, shape in st.SHAPES.items()}
     if ctx.rank == 0:
         report.section(ctx, "1. a cluster from its data sheet, against published all-reduce busbw")
         show_links()
@@ -310,17 +311,8 @@ def main():
     if yours and ctx.rank == 0:
         report.section(ctx, "5. your cluster")
         show_yours(args)
-    strip = ("label", "phrase")
-    summary = {"links": sm.LINKS, "efficiency_source": sm.EFFICIENCY_SOURCE, "figures": figures, "misses": misses, "step": steps, "calib": calib,
-               "dry": [dict(d, model=name, world=d["world"], layers=d["layers"], params=d["params"],
-                            bucket=d["bucket"], bytes=d["bytes"], tp=d["tp"], pp=d["pp"], micro=d["micro"],
-                            block_shard=d["block_shard"], root_shard=d["root_shard"], dp_allreduce_calls=d["dp_allreduce_calls"],
-                            fsdp_all_gather_calls=d["fsdp_all_gather_calls"],
-                            fsdp_reduce_scatter_calls=d["fsdp_reduce_scatter_calls"], fsdp_bytes=d["fsdp_bytes"],
-                            tp_allreduce_calls=d["tp_allreduce_calls"], pp_send_calls=d["pp_send_calls"],
-                            pp_recv_calls=d["pp_recv_calls"], dp3_allreduce_calls=d["dp3_allreduce_calls"])
-                       for name, d in dry.items()],
-               "sources": [{k: f[k] for k in strip + ("source",)} for f in figures + misses]}
+    summary = {"links": sm.LINKS, "efficiency_source": sm.EFFICIENCY_SOURCE, "figures": figures,
+               "misses": misses, "step": steps, "calib": calib, "dry": reported_dry(dry)}
     params = {"eff": sm.EFFICIENCY, "modeled": int(n > 1), "dry_world": DRY_WORLD}
     report.finish(ctx, {}, summary=summary, params=params)
 

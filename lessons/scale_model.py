@@ -35,6 +35,7 @@ LINKS = {
     "nvlink3_a800": dict(GBps=400 / 2, alpha_us=2.0, what="NVLink 3 capped (A800)",
                          source="https://tweakers.net/nieuws/203182/nvidia-introduceert-a800-gpu-voor-china-"
                                 "die-niet-onder-exportrestricties-vs-valt.html"),
+    # a NIC's Gb/s is each way, as NCCL's maintainers read it ("24GB/s is the peak performance per 200G NIC")
     "ndr": dict(GBps=400 / 8, alpha_us=5.0, what="InfiniBand NDR / 400GbE (ConnectX-7)",
                 source="https://docs.nvidia.com/networking/display/ConnectX7VPI/Introduction"),
     "hdr": dict(GBps=200 / 8, alpha_us=5.0, what="InfiniBand HDR (ConnectX-6)",
@@ -122,15 +123,16 @@ FIGURES = [
          "your GPUs are NVLink-connected, so you should be seeing close to 240 GB/s in that case"),
     _fig("1 x 8 A800, NVSwitch, ring", 8, 1, "nvlink3_a800", "hdr", 1, "ring", 160,
          "https://github.com/NVIDIA/nccl/issues/412",
-         "you should get ~160GB/s intra-node and 24GB/s inter-node"),
+         "you should get ~160GB/s  intra-node and 24GB/s inter-node"),
     _fig("12 x 8 A800, 1 HDR NIC per node", 8, 12, "nvlink3_a800", "hdr", 1, "ring", 24,
          "https://github.com/NVIDIA/nccl/issues/412",
-         "you should get ~160GB/s intra-node and 24GB/s inter-node"),
+         "you should get ~160GB/s  intra-node and 24GB/s inter-node"),
     # a peak per NIC, said of a run up to 128 MB: priced, like the others, at 8 GiB
     _fig("3 x 8 A100, 4 HDR NICs per node", 8, 3, "nvlink3", "hdr", 4, "ring", 96,
          "https://github.com/NVIDIA/nccl-tests/issues/119",
          "24GB/s is the peak performance per 200G NIC (12 GB/s for 100G NICs), so in your case 96GB/s is "
          "the target"),
+    # nodes not said: 2 priced (at 8 GiB, 2 to 16 nodes move a ring's busbw by 1% at most)
     _fig("DGX A100, 8 HDR NICs per node", 8, 2, "nvlink3", "hdr", 8, "ring", 192,
          "https://github.com/NVIDIA/nccl/issues/812",
          "On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW"),
@@ -139,7 +141,7 @@ FIGURES = [
          "For NDR @ 400Gbps you should see 46-48GB/s per NIC", per_nic=True),
     _fig("4 x 8 H100, 8 x 400G RoCE", 8, 4, "nvlink4", "ndr", 8, "ring", 320,
          "https://github.com/NVIDIA/nccl/issues/1221",
-         "(4 nodes of 8xH100, 8x400Gb RoCE, NCCL_NVLS_ENABLE=0/1) same busbw 320GB"),
+         "same busbw 320GB"),  # of 4 nodes "(GPU 8xH100, NIC: 8x400Gb RoCE)", NVLS on or off
 ]
 # what the model misses, and is said to miss: NVLink SHARP, where the switch itself reduces
 MISSES = [

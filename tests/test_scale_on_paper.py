@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, tutor
-from lessons import scale_model as sm
+from lessons import scale_dry, scale_model as sm
 from lessons import scale_step as st
 
 
@@ -47,7 +47,7 @@ def test_a_big_ring_runs_at_the_slowest_link_class_it_crosses():
 @pytest.mark.parametrize("name", sorted(st.SHAPES))
 def test_the_dry_run_counts_equal_the_closed_forms_at_any_world(name, world):
     s = st.SHAPES[name]
-    d = st.dry_run(s, world)
+    d = scale_dry.dry_run(s, world)
     L, P = s["layers"], st.params(s)
     tp, pp, dp = st.layout(world)
     micro = st.SEQS // dp
@@ -126,7 +126,7 @@ def test_torch_fake_process_group_counts_what_the_dry_run_counts(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     gathers, scatters, allreduces = map(int, done.stdout.split()[-3:])
     shape = dict(st.SHAPES["8B"], layers=4)
-    d = st.dry_run(shape, 1024)
+    d = scale_dry.dry_run(shape, 1024)
     assert (gathers, scatters) == (d["fsdp_all_gather_calls"], d["fsdp_reduce_scatter_calls"]) == (9, 5)
     per_block_per_micro = d["tp_allreduce_calls"] / (d["micro"] * (shape["layers"] // d["pp"]))
     assert allreduces == 4 * per_block_per_micro == 16
