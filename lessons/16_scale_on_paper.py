@@ -10,7 +10,8 @@ against; the published figures come with the address where they were read (lesso
 
 What to watch for:
   * section 1: the link classes, then predicted / published / ratio / source for seven all-reduce
-    busbw figures, each held within +-15% by the runner. Then the two the model misses, NVLink SHARP
+    busbw figures, each held within +-15% by the runner (those bound by NICs sit low: NCCL gets more
+    of a NIC than of NVLink, and the model has one efficiency). Then the two it misses, NVLink SHARP
     (the switch itself reduces), and why: the busbw it reaches implies a lower efficiency per link
     than the ring's, which a model of links alone cannot know.
   * section 2: a training step of an 8B- and a 70B-shaped transformer on 8 to 1024 GPUs: data
@@ -20,6 +21,9 @@ What to watch for:
     lies between max(compute, comm) (all overlapped) and their sum (none).
   * section 3: the same step dry-run at world size 1024 in this one process through the kit's
     counting communicator (common/counting.py; nothing moves): its counts equal the closed forms.
+    FSDP's root stays gathered from forward to backward, as torch's fully_shard keeps it (2L+1
+    all-gathers, not 2(L+1)): tests/test_scale_on_paper.py counts torch's own calls on its fake
+    process group at 1024 ranks to hold the dry run to that.
   * section 4 (2+ ranks): the model with THIS machine's alpha and beta (lesson 07's measurement)
     predicts the ring all-reduce of lessons 05 and 07, timed here, size by size.
   * your cluster: --gpus-per-node, --nodes, --intra-GBps, --nic-Gbps, --nics-per-node describe it;
