@@ -8,7 +8,7 @@ alpha-beta formulas, and the published figures the prices are checked against.
     price(figure)                   its busbw: common/bandwidth.py's, nccl-tests' all-reduce factor 2(n-1)/n
     FIGURES, MISSES                 published all-reduce busbw, each with its address and the phrase read
 
-Every number below was read at the address beside it (the lesson's report prints them); nothing here
+Every number below was read at the address beside it (the results JSON keeps each); nothing here
 is fitted to the figures it is checked against. One protocol efficiency serves every link class.
 """
 import math
