@@ -147,7 +147,7 @@ def nodes(ctx, args):
         how = (f"real: MPI's shared-memory split found {m} nodes" if kind == "real" else
                f"pretend: --ranks-per-node {k}, {placement} placement (MPI's shared-memory split found "
                "one node: this machine)")
-        if kind == "real" and args.ranks_per_node and m > 1:
+        if kind == "real" and args.asked_k and m > 1:
             how += f"; --ranks-per-node {args.ranks_per_node} not used: the nodes are real"
         print(wrapped(f"nodes: {how}; {m} nodes x {k} ranks"))
         print(report.table(["node", "world ranks (local rank 0, 1, ...)", "really on"],
@@ -232,8 +232,8 @@ def show_counts(ctx, mine, lay, itemsize, count):
                                                          "flat_inside", "ag_bytes")}
     span = lambda key: nine.per_rank([e[key] for e in every])  # noqa: E731
     print(f"{count} items of {itemsize} B per rank; bytes each rank sent, by where its peer runs")
-    print(report.table(["scheme", "steps", "inside its node", "across nodes", "all ranks across",
-                        "max |rel err|"],
+    print(report.table(["scheme", "steps", "inside its node B", "across nodes B", "all across",
+                        "max rel err"],
                        [["flat ring", span("flat_steps"), span("flat_inside"), span("flat_across"),
                          tot["flat_across"], max(e["flat_err_ref"] for e in every)],
                         ["two levels", span("two_steps"), span("two_inside"), span("two_across"),
@@ -309,8 +309,8 @@ def show_race(ctx, rows, lay, sums, pick):
     if ctx.rank:
         return
     print(f"time: best of {zoo_model.BATCHES} batches, each the slowest rank's mean of {pick['iters']}; "
-          "busbw = algbw x 2(N-1)/N\nvs flat: the flat ring's time / this one's; #wrong: items off the "
-          "library's by more than 2(N-1) x eps")
+          "busbw = algbw x 2(N-1)/N\nvs flat: the flat ring's time / this one's; #wrong: items off "
+          "the library's by > 2(N-1) x eps")
     print(report.table(["size B", "count", "type", "redop", "algorithm", "time us", "algbw", "busbw",
                         "#wrong", "vs flat"],
                        [[r["size"], r["count"], r["type"], r["redop"], r["algo"], round(r["time_us"], 1),
@@ -437,8 +437,8 @@ def show_moe(ctx, mine, tokens):
     w = 8 * (DMODEL + 2)
     print(wrapped(f"{tokens} tokens of {DMODEL} float64 features per rank, top-{TOPK} of {EXPERTS} experts "
                   f"per rank; a row on the wire is {w} B (features, token id, expert bits)"))
-    print(report.table(["rank", "(token, rank) pairs", "(token, node) pairs", "flat across B",
-                        "layered across B", "fan-out inside B", "#wrong"],
+    print(report.table(["rank", "rank pairs", "node pairs", "flat across B", "layered across B",
+                        "fan-out inside B", "#wrong"],
                        [[r, e["remote_rank_pairs"], e["remote_node_pairs"], e["moe_flat_across"],
                          e["moe_layered_across"], e["moe_fan_inside"], e["moe_wrong_flat"] + e["moe_wrong_ref"]]
                         for r, e in enumerate(every)]))
@@ -446,7 +446,7 @@ def show_moe(ctx, mine, tokens):
     sent = [sum(e[k] for e in every) for k in ("moe_flat_across", "moe_layered_across")]
     dedup = pairs[0] / pairs[1] if pairs[1] else 1.0
     ratio = sent[0] / sent[1] if sent[1] else 1.0
-    print(wrapped(f"pairs: a token and a rank (node) on another node that holds some of its experts. "
+    print(wrapped(f"pairs: a token and a rank (a node) on another node that holds any of its experts. "
                   f"This routing's de-duplication factor: {pairs[0]} / {pairs[1]} = {dedup:.4f}; bytes across "
                   f"nodes, flat / layered: {sent[0]} / {sent[1]} = {ratio:.4f}. #wrong: tokens delivered "
                   "unlike the flat dispatch or one process"), flush=True)
@@ -469,6 +469,7 @@ def main():
     parser.add_argument("--no-race", action="store_true", help="skip section 3's race")
     args, ctx = bootstrap.start(__file__, parser)
     n = ctx.world_size
+    args.asked_k = args.ranks_per_node
     args.ranks_per_node = args.ranks_per_node or (n // 2 if n % 2 == 0 else n)  # two pretend nodes
     if n % args.ranks_per_node:
         ctx.fail(f"--ranks-per-node {args.ranks_per_node} does not divide {n} ranks: nodes must be equal")

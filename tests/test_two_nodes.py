@@ -72,6 +72,22 @@ def test_lesson_on_two_nodes(bed, lesson, api, tmp_path):
         assert [r["local_rank"] for r in results["ranks"]] == [0, 1, 0, 1], said
         names = [n for n, _ in bed.nodes]
         assert re.search(rf"{names[0]}: ranks 0, 1\b.*\n.*{names[1]}: ranks 2, 3\b", proc.stdout), said
+    if lesson.name == "15_hierarchy":  # real nodes from MPI's split (the YAML's pretend K is not used)
+        assert (results["params"]["real"], results["params"]["nodes"], results["params"]["k"]) == (1, 2, 2), said
+        assert "nodes: real: MPI's shared-memory split found 2 nodes" in proc.stdout, said
+
+
+def test_hierarchy_on_nodes_placed_round_robin(bed, tmp_path):
+    """Lesson 15 with hydra placing ranks round-robin (-hosts A:1,B:1: ranks 0, 2 on A, 1, 3 on B):
+    node ids come from MPI's split, never from rank // K, so every count still checks."""
+    lesson = next(x for x in LESSONS if x.name == "15_hierarchy")
+    launcher = bed.mpiexec.replace(":2,", ":1,").replace(":2 ", ":1 ")
+    assert launcher != bed.mpiexec
+    proc, results, _ = on_bed(bed, lesson, "mpi4py", tmp_path, launcher=launcher)
+    said = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0 and results["status"] == "pass", said
+    assert results["params"]["placement"] == "round-robin" and results["params"]["real"] == 1, said
+    assert [r["node_id"] for r in results["ranks"]] == [0, 1, 0, 1], said
 
 
 @pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce"])
