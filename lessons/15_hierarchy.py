@@ -27,6 +27,9 @@ The test bed's "network" (bin/tutor testbed): two network namespaces joined by v
 bridge, in one kernel. No NIC, no InfiniBand; its bandwidth is this machine's memory and CPU. Pretend
 nodes share one transport inside and across: there only counts and steps differ, not the network.
 
+Read after: lessons/hier_reference.py, what the checks hold the lesson to (where ranks really run,
+the routing and its one-process reference).
+
 Run it:
   make lesson-15 NP=4 ARGS="--ranks-per-node 2"       (API=torch; ARGS="... --placement round-robin")
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/15_hierarchy.py --ranks-per-node 2
@@ -42,15 +45,14 @@ import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, p2p, report, shards, subgroups  # noqa: E402
 from lessons import zoo_model  # noqa: E402  (lesson 07's timing rule: best of batches, and their spread)
+from lessons.hier_reference import (DMODEL, EXPERTS, TOKENS, TOPK, delivered, moe_one_process,  # noqa: E402
+                                    moe_tokens, placement_of, pretend_node, route, row, truth)
 
 five, nine = bootstrap.lesson_module("05"), bootstrap.lesson_module("09")
 SEED = 15                 # rank r's data comes from seed SEED + r
 COUNT = 10007             # all-reduce items: odd, so shards are uneven at K = 2, 3 and M = 2, 3
 DTYPES = ("float32", "float64")
 EPS = {"float32": 1.2e-7, "float64": 2.3e-16}
-TOKENS, DMODEL = 64, 8    # section 4: tokens per rank, features per token (float64)
-EXPERTS, TOPK = 2, 3      # experts per rank (expert e on world rank e // EXPERTS); experts per token
-MOE_SEED = 150
 RACE = dict(begin="256K", end="4M", mult=16, iters=3, warmup=1)    # default run: two sizes
 BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)    # --bench: nccl-tests' defaults
 TRANSPORT = {"mpi": "MPI's shared memory", "gloo": "gloo's TCP sockets (inside a node too)",
@@ -62,11 +64,6 @@ def wrapped(text):
 
 
 # ---------------------------------------------------------------- section 1: nodes
-def pretend_node(rank, n, k, placement):
-    """The pretend node a launcher's placement puts world rank `rank` on (N/K nodes of K ranks)."""
-    return rank // k if placement == "block" else rank % (n // k)
-
-
 def find_node(ctx, args):
     """(my node's communicator, 'real' | 'pretend', my node's label): the ranks that share my memory,
     found by MPI; with one node and --ranks-per-node K, a pretend node of the placement asked for."""
@@ -103,25 +100,6 @@ def make_groups(ctx, mesh, node_id, local_rank):
     inside = ctx.comm.Split(color=node_id, key=local_rank)   # my node, ordered by local rank
     across = ctx.comm.Split(color=local_rank, key=node_id)   # local rank l of every node, by node
     return inside, across
-
-
-def truth(home):
-    """[(node, local)] per world rank from where each rank really runs: nodes in the order of their
-    lowest rank, local ranks in rank order. The meter's and the closed forms' view, not the learner's."""
-    order = sorted(set(home), key=home.index)
-    seen = {}
-    out = []
-    for h in home:
-        out.append((order.index(h), seen.setdefault(h, 0)))
-        seen[h] += 1
-    return out
-
-
-def placement_of(places, k, m):
-    n = len(places)
-    if places == [(r // k, r % k) for r in range(n)]:
-        return "block"
-    return "round-robin" if places == [(r % m, r // m) for r in range(n)] else "other"
 
 
 def nodes(ctx, args):
@@ -230,7 +208,8 @@ def show_counts(ctx, mine, lay, itemsize, count):
     n, k, m = ctx.world_size, lay["k"], lay["m"]
     tot = {key: sum(e[key] for e in every) for key in ("two_across", "two_inside", "flat_across",
                                                          "flat_inside", "ag_bytes")}
-    span = lambda key: nine.per_rank([e[key] for e in every])  # noqa: E731
+    span = lambda key: nine.per_rank(sorted({e[key] for e in every}) if len({e[key] for e in every}) == 1  # noqa: E731
+                                     else [e[key] for e in every])
     print(f"{count} items of {itemsize} B per rank; bytes each rank sent, by where its peer runs")
     print(report.table(["scheme", "steps", "inside its node B", "across nodes B", "all across",
                         "max rel err"],
@@ -320,21 +299,6 @@ def show_race(ctx, rows, lay, sums, pick):
 
 
 # ---------------------------------------------------------------- section 4: mixture-of-experts dispatch
-def moe_tokens(rank, tokens):
-    return np.random.default_rng(SEED + 100 + rank).standard_normal((tokens, DMODEL))
-
-
-def route(x, n):
-    """Top-k: each token's TOPK experts by the router's logits (expert e on world rank e // EXPERTS)."""
-    router = np.random.default_rng(MOE_SEED).standard_normal((DMODEL, n * EXPERTS))
-    return np.argsort(-(x @ router), axis=1, kind="stable")[:, :TOPK]
-
-
-def row(x, gid, mask):
-    """One token on the wire: its features, its global id and a bit per expert it is bound for."""
-    return np.concatenate([x, [gid, mask]])
-
-
 def send_rows(ctx, be, per, me, n, phase, label):
     """per[j]: the rows for peer j (of n, me among them): the counts first (lesson 09), then the rows."""
     w = DMODEL + 2
@@ -386,33 +350,6 @@ def layered_dispatch(ctx, nets, x, chosen, lay, phase):
                 per_local[l].append(row(r[:DMODEL], r[DMODEL], bits))
     return send_rows(ctx, inner, per_local, lay["local_rank"], k, phase, "moe fan-out")
     # <<< exercise: layered
-
-
-def delivered(rows):
-    """{token id: (features, expert bits)} of what reached this rank; copies of one token are merged."""
-    out = {}
-    for r in rows:
-        gid, feats = int(r[DMODEL]), tuple(r[:DMODEL])
-        old = out.get(gid, (feats, 0))
-        out[gid] = (feats if old[0] == feats else None, old[1] | int(r[DMODEL + 1]))
-    return out
-
-
-def moe_one_process(ctx, tokens, places):
-    """The reference: every rank's tokens and routing in one process. (what reaches me, my tokens'
-    pairs with ranks on other nodes, my tokens' pairs with other nodes)."""
-    n, me = ctx.world_size, ctx.rank
-    want = {}
-    for r in range(n):
-        x = moe_tokens(r, tokens)
-        for t, experts in enumerate(route(x, n)):
-            bits = sum(1 << (int(e) % EXPERTS) for e in experts if int(e) // EXPERTS == me)
-            if bits:
-                want[r * tokens + t] = (tuple(x[t]), bits)
-    chosen = route(moe_tokens(me, tokens), n)
-    ranks = [{int(e) // EXPERTS for e in ex} - {w for w in range(n) if places[w][0] == places[me][0]}
-             for ex in chosen]
-    return want, sum(len(s) for s in ranks), sum(len({places[w][0] for w in s}) for s in ranks)
 
 
 def moe(ctx, args, lay, meter, nets):

@@ -8,6 +8,8 @@ import pytest
 from common.runner import catalog, engine
 from conftest import ROOT, load_lesson, torch_marks, tutor
 
+from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
+
 LESSON = catalog.resolve("15", os.path.join(ROOT, "lessons"))
 fifteen = load_lesson("15_hierarchy.py")
 QUICK = ["--no-race", "--tokens", "32"]
@@ -21,12 +23,15 @@ QUICK = ["--no-race", "--tokens", "32"]
 ])
 def test_six_ranks_in_pretend_nodes(api, k, placement, capfd):
     outcome, checks = engine.run_lesson(LESSON, 6, api, "cpu", ["--ranks-per-node", str(k), "--placement",
-                                                                placement, *QUICK], echo=False)
+                                                                placement, *QUICK])
     said = capfd.readouterr()
     tail = "\n".join((said.out + said.err).splitlines()[-30:] + engine.explain(LESSON, outcome, checks))
     assert engine.ok(outcome, checks) and checks and all(c["ok"] for c in checks), tail
     params = outcome.results["params"]
     assert (params["k"], params["nodes"], params["placement"], params["real"]) == (k, 6 // k, placement, 0)
+    assert "== 4. mixture-of-experts dispatch" in said.out, tail
+    bad = unreadable(said.out + said.err, 6)
+    assert not bad, "hard to read at 6 ranks:\n" + "\n".join(bad[:10])
     summary = outcome.results["summary"]
     # two levels: each rank sends about 2(M-1)/M x C/K across; a flat ring's edge rank about 2(N-1)/N x C
     assert summary["two_across_max"] < summary["flat_across_max"], tail
@@ -47,3 +52,26 @@ def test_pretend_placements_and_what_truth_reads_back(n, k):
         assert sorted(labels.count(x) for x in set(labels)) == [k] * (n // k)  # equal nodes
         assert fifteen.placement_of(places, k, n // k) == placement or n // k == 1 or k == 1
     assert fifteen.placement_of([(0, 0), (1, 0), (1, 1), (0, 1)], 2, 2) == "other"
+
+
+def race_rows(flat_us, two_us, noise_us):
+    return [{"size": 4096, "algo": "flat ring", "time_us": flat_us, "noise_us": noise_us},
+            {"size": 4096, "algo": "two levels", "time_us": two_us, "noise_us": noise_us / 2}]
+
+
+@pytest.mark.parametrize("kind, m, flat_us, two_us, noise, says", [
+    ("pretend", 2, 1000.0, 900.0, 150.0, "a tie within this run's noise"),
+    ("real", 2, 1000.0, 900.0, 150.0, "a tie within this run's noise"),
+    ("pretend", 2, 1000.0, 500.0, 100.0, "The nodes are pretend"),
+    ("real", 2, 500.0, 1000.0, 100.0, "the most one rank sent across was 300 B flat, 100 B"),
+    ("real", 1, 1000.0, 500.0, 100.0, "One node: two levels are lesson 09's halves alone"),
+])
+def test_the_race_is_read_only_beyond_its_noise(kind, m, flat_us, two_us, noise, says):
+    lay = {"kind": kind, "m": m, "k": 2}
+    text = fifteen.race_verdict(race_rows(flat_us, two_us, noise), lay,
+                                {"flat_across_max": 300, "two_across_max": 100}, "mpi")
+    assert says in text, text
+    tie = abs(flat_us - two_us) <= noise
+    assert ("beat" in text) != tie and ("pretend" in text or "sent across" in text or "One node" in text) != tie
+    if not tie:
+        assert ("two levels beat the flat ring" in text) == (two_us < flat_us), text
