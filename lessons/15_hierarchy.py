@@ -1,14 +1,16 @@
 """Lesson 15 — hierarchy: all-reduce and a mixture-of-experts dispatch across nodes, two levels.
 
 The idea: a cluster has two networks, a fast one inside a node (shared memory, NVLink) and a slower
-one between nodes. A flat ring ignores that: its hops cross nodes wherever neighbours sit apart, and
-the ranks at a node's edge send 2(N-1)/N of the buffer across. Two levels (NCCL's trees and its
-NVLS/CollNet paths, Open MPI's coll/han, MVAPICH) split the world twice, N = M nodes x K local ranks:
+one between nodes. A flat ring ignores that: its hops cross nodes wherever neighbours sit apart (with
+ranks placed in blocks, each node's last rank sends all its 2(N-1)/N of the buffer across). Two
+levels (NCCL's tree and CollNet algorithms, Open MPI's coll/han, MVAPICH's two-level collectives)
+split the world twice, N = M nodes x K local ranks:
   1. reduce-scatter inside each node (lesson 09's halves): local rank l holds shard l, summed over
      its node;
   2. all-reduce of shard l across nodes, one ring per local rank (lesson 05's ring): M ranks each;
   3. all-gather inside each node (lesson 09's halves): every rank holds every shard.
-Each rank sends 2(M-1)/M x C/K across nodes (C: the buffer), K times less than a flat ring's edge.
+Each rank sends about 2(M-1)/M x C/K across nodes (C: the buffer): at least K times less than a
+flat ring's edge rank.
 A mixture-of-experts dispatch has the same shape: a token bound for several experts on another node
 crosses once, to the rank with its local rank there, and fans out inside that node (DeepEP's
 layered dispatch). Inter-node bytes fall by this run's de-duplication factor, exactly.
@@ -227,7 +229,8 @@ def show_counts(ctx, mine, lay, itemsize, count):
         "max |rel err|: against one process (float64); the bound is (N-1) x eps"), flush=True)
     return {"two_across_total": tot["two_across"], "two_inside_total": tot["two_inside"],
             "flat_across_total": tot["flat_across"], "flat_total": tot["flat_across"] + tot["flat_inside"],
-            "ag_total": tot["ag_bytes"], "flat_across_max": flat_max, "two_across_max": two_max}
+            "ag_total": tot["ag_bytes"], "flat_across_max": flat_max, "two_across_max": two_max,
+            "buffer_bytes": count * itemsize}
 
 
 # ---------------------------------------------------------------- section 3: the race
@@ -280,8 +283,9 @@ def race_verdict(rows, lay, sums, transport):
     if lay["kind"] == "pretend":
         return said + (f"The nodes are pretend: {TRANSPORT[transport]} carries inside and across alike, "
                        f"so this is no slower network; {steps}")
-    return said + (f"Counted in section 2: the most one rank sent across was {sums['flat_across_max']} B flat, "
-                   f"{sums['two_across_max']} B in two levels")
+    c = sums["buffer_bytes"]
+    return said + (f"Counted in section 2, as shares of the buffer C: the most one rank sent across was "
+                   f"{sums['flat_across_max'] / c:.2f} x C flat, {sums['two_across_max'] / c:.2f} x C in two levels")
 
 
 def show_race(ctx, rows, lay, sums, pick):

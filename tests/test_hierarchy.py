@@ -63,13 +63,13 @@ def race_rows(flat_us, two_us, noise_us):
     ("pretend", 2, 1000.0, 900.0, 150.0, "a tie within this run's noise"),
     ("real", 2, 1000.0, 900.0, 150.0, "a tie within this run's noise"),
     ("pretend", 2, 1000.0, 500.0, 100.0, "The nodes are pretend"),
-    ("real", 2, 500.0, 1000.0, 100.0, "the most one rank sent across was 300 B flat, 100 B"),
+    ("real", 2, 500.0, 1000.0, 100.0, "the most one rank sent across was 1.50 x C flat, 0.50 x C in"),
     ("real", 1, 1000.0, 500.0, 100.0, "One node: two levels are lesson 09's halves alone"),
 ])
 def test_the_race_is_read_only_beyond_its_noise(kind, m, flat_us, two_us, noise, says):
     lay = {"kind": kind, "m": m, "k": 2}
     text = fifteen.race_verdict(race_rows(flat_us, two_us, noise), lay,
-                                {"flat_across_max": 300, "two_across_max": 100}, "mpi")
+                                {"flat_across_max": 300, "two_across_max": 100, "buffer_bytes": 200}, "mpi")
     assert says in text, text
     tie = abs(flat_us - two_us) <= noise
     assert ("beat" in text) != tie and ("pretend" in text or "sent across" in text or "One node" in text) != tie
