@@ -65,6 +65,10 @@ def wrapped(text):
     return textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False)
 
 
+def plural(count, word):
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
 # ---------------------------------------------------------------- section 1: nodes
 def find_node(ctx, args):
     """(my node's communicator, 'real' | 'pretend', my node's label): the ranks that share my memory,
@@ -124,12 +128,12 @@ def nodes(ctx, args):
     placement = args.placement if kind == "pretend" else placement_of(places, k, m)
     inside, across = make_groups(ctx, mesh, node_id, local_rank)
     if ctx.rank == 0:
-        how = (f"real: MPI's shared-memory split found {m} nodes" if kind == "real" else
+        how = (f"real: MPI's shared-memory split found {plural(m, 'node')}" if kind == "real" else
                f"pretend: --ranks-per-node {k}, {placement} placement (MPI's shared-memory split found "
                "one node: this machine)")
-        if kind == "real" and args.asked_k and m > 1:
-            how += f"; --ranks-per-node {args.ranks_per_node} not used: the nodes are real"
-        print(wrapped(f"nodes: {how}; {m} nodes x {k} ranks"))
+        if kind == "real" and m > 1 and (args.asked_k or args.placement != "block"):
+            how += "; --ranks-per-node and --placement not used: the nodes are real"
+        print(wrapped(f"nodes: {how}; {plural(m, 'node')} x {plural(k, 'rank')}"))
         print(report.table(["node", "world ranks (local rank 0, 1, ...)", "really on"],
                            [[j, report.brief(row), report.brief(sorted({places[r][0] for r in row}))]
                             for j, row in enumerate(mesh)]))
