@@ -75,3 +75,24 @@ def test_the_race_is_read_only_beyond_its_noise(kind, m, flat_us, two_us, noise,
     assert ("beat" in text) != tie and ("pretend" in text or "sent across" in text or "One node" in text) != tie
     if not tie:
         assert ("two levels beat the flat ring" in text) == (two_us < flat_us), text
+
+
+def test_the_meter_counts_by_where_the_peer_really_runs():
+    """common/subgroups.Meter: a send is inside or across by the destination's real node (home of
+    its world rank, through members), and the backend still gets the sub-communicator's numbers."""
+    import types
+
+    import numpy as np
+
+    from common import subgroups
+    peers = []
+    be = types.SimpleNamespace(exchange=lambda out, into, dest, source: peers.append(dest), sync=lambda: None)
+    meter = subgroups.Meter(home=["a", "b", "a", "b"], mine="a")
+    sub = meter.wrap(be, members=[0, 3])  # sub rank 1 is world rank 3, on node b
+    with meter.phase("p"):
+        sub.exchange(np.zeros(5), np.zeros(5), 1, 1)
+        sub.exchange(np.zeros(2), np.zeros(2), 0, 0)
+    sub.exchange(np.zeros(7), np.zeros(7), 1, 1)  # outside the phase: counted under "main"
+    assert meter.sent("p") == {"steps": 2, "inside": 16, "across": 40}
+    assert meter.sent("main") == {"steps": 1, "inside": 0, "across": 56}
+    assert peers == [1, 0, 1]
