@@ -180,3 +180,23 @@ def test_hierarchy_counts_what_crosses_the_bridge(bed, tmp_path):
     margin = 0.2 * across + 2_000_000
     assert inside > margin, (inside, across)
     assert across <= moved < across + margin, f"{moved} B reached node a; counted across {across} B"
+
+
+def test_node_ids_from_rank_over_k_fail_on_nodes_placed_round_robin(bed, tmp_path, monkeypatch):
+    """Lesson 15's first wrong answer (node = rank // K) on real nodes that hydra filled round-robin:
+    the node communicators it builds span both nodes, and the named check says so."""
+    import yaml
+
+    from common.runner import engine
+    from test_wrong_answers import failed_names, stage
+    lesson = catalog.resolve("15", os.path.join(ROOT, "lessons"))
+    with open(os.path.join(ROOT, "tests", "wrong_answers", "15_hierarchy.yaml")) as f:
+        case = next(c for c in yaml.safe_load(f) if c.get("region") == "layout" and "fails" in c)
+    script, head = stage(lesson, case, tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([head, ROOT]))
+    monkeypatch.setenv("MPIEXEC", bed.mpiexec.replace(":2,", ":1,").replace(":2 ", ":1 "))
+    outcome, checks = engine.run_lesson(lesson, 4, "mpi4py", "cpu", ["--no-race"], echo=False, script=script)
+    failed = {c["name"] for c in checks or [] if not c["ok"]}
+    assert "every node communicator holds the ranks of one node" in failed, (outcome.rc, failed)
+    assert outcome.results["params"]["real"] == 1 and outcome.results["params"]["placement"] == "round-robin"
+    assert set(failed_names(case)) <= failed, failed  # every check it fails on pretend nodes, and more
