@@ -241,7 +241,7 @@ def show_counts(ctx, mine, lay, itemsize, count):
 def race(ctx, args, lay, raw, pick, sweep):
     n, rank, itemsize = ctx.world_size, ctx.rank, np.dtype(args.dtype).itemsize
     none = lambda label: contextlib.nullcontext()  # noqa: E731  (uncounted, for the clock)
-    rows, verdict = [], None
+    rows = []
     for size in sweep:
         count = max(size // itemsize, 1)
         x = buffers.seeded(SEED + rank, count, args.dtype)
@@ -280,8 +280,10 @@ def race_verdict(rows, lay, sums, transport):
         return said + "a tie within this run's noise"
     faster = "two levels beat the flat ring" if two_t < flat_t else "the flat ring beat two levels"
     said += f"{faster}, x{max(flat_t, two_t) / min(flat_t, two_t):.2f}. "
-    steps = (f"two levels take {2 * (lay['k'] - 1) + 2 * (lay['m'] - 1)} steps, the first and last "
-             f"K-1 of them with K/N x larger messages, the flat ring {2 * (lay['k'] * lay['m'] - 1)}")
+    k, m = lay["k"], lay["m"]
+    steps = (f"two levels take {2 * (k - 1) + 2 * (m - 1)} steps ({2 * (k - 1)} inside a node with "
+             f"messages M = {m} x the flat ring's, {2 * (m - 1)} across with the same), the flat ring "
+             f"{2 * (k * m - 1)}")
     if lay["m"] < 2:
         return said + "One node: two levels are lesson 09's halves alone; " + steps
     if lay["kind"] == "pretend":
@@ -391,10 +393,11 @@ def show_moe(ctx, mine, tokens):
     sent = [sum(e[k] for e in every) for k in ("moe_flat_across", "moe_layered_across")]
     dedup = pairs[0] / pairs[1] if pairs[1] else 1.0
     ratio = sent[0] / sent[1] if sent[1] else 1.0
-    print(wrapped(f"pairs: a token and a rank (a node) on another node that holds any of its experts. "
-                  f"This routing's de-duplication factor: {pairs[0]} / {pairs[1]} = {dedup:.4f}; bytes across "
-                  f"nodes, flat / layered: {sent[0]} / {sent[1]} = {ratio:.4f}. #wrong: tokens delivered "
-                  "unlike the flat dispatch or one process"), flush=True)
+    said = (f"This routing's de-duplication factor: {pairs[0]} / {pairs[1]} = {dedup:.4f}; bytes across "
+            f"nodes, flat / layered: {sent[0]} / {sent[1]} = {ratio:.4f}" if pairs[1] else
+            "No token has an expert on another node here: nothing crosses, either way")
+    print(wrapped("pairs: a token and a rank (a node) on another node that holds any of its experts. "
+                  f"{said}. #wrong: tokens delivered unlike the flat dispatch or one process"), flush=True)
     return {"moe_dedup": dedup, "moe_across_ratio": ratio, "moe_ratio_over_dedup": ratio / dedup}
 
 

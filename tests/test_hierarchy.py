@@ -63,6 +63,7 @@ def race_rows(flat_us, two_us, noise_us):
     ("pretend", 2, 1000.0, 900.0, 150.0, "a tie within this run's noise"),
     ("real", 2, 1000.0, 900.0, 150.0, "a tie within this run's noise"),
     ("pretend", 2, 1000.0, 500.0, 100.0, "The nodes are pretend"),
+    ("pretend", 3, 1000.0, 500.0, 100.0, "(2 inside a node with messages M = 3 x the flat ring's, 4 across"),
     ("real", 2, 500.0, 1000.0, 100.0, "the most one rank sent across was 1.50 x C flat, 0.50 x C in"),
     ("real", 1, 1000.0, 500.0, 100.0, "One node: two levels are lesson 09's halves alone"),
 ])
