@@ -14,7 +14,7 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 
-from common import devices, network, teardown, watchdog, world
+from common import devices, flight, network, teardown, watchdog, world
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -147,6 +147,7 @@ def start(file, parser, argv=None, uses_torch=False):
         print(textwrap.fill(f"note: GPUs were seen, but --device auto runs this on the CPU: {why}", 100,
                             subsequent_indent="  "), flush=True)
     ctx.transport = devices.TRANSPORT[(args.api, device)]
+    flight.install(ctx.rank, gpu=device == "gpu")  # every call through common/ is recorded from here
     if args.api == "torch":
         init_torch(ctx)
     elif device == "gpu":
