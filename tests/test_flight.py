@@ -108,11 +108,16 @@ def test_another_communicator_and_a_missing_rank():
 
 def test_a_point_to_point_cycle():
     ranks = {r: history() + [e(3, state="started")] for r in range(4)}
-    ranks[1].append(e(1, op="recv", kind="p2p", peers="r2", state="started", t0=9))
-    ranks[2].append(e(1, op="recv", kind="p2p", peers="r1", state="started", t0=9))
+    ranks[1][-1] = e(1, op="recv", kind="p2p", peers="r2", state="started", t0=9)
+    ranks[2][-1] = e(1, op="recv", kind="p2p", peers="r1", state="started", t0=9)
     d = diagnose.diagnose(snap(ranks), 4)
     assert d["field"] == "p2p-cycle" and d["ranks"] == [1, 2]
     assert "rank 1 waits to receive from 2; rank 2 waits to receive from 1" in d["lines"][0]
+    # on a GPU the host queues on: the rank waits in its earliest call not completed
+    ranks[1][-1]["state"] = ranks[2][-1]["state"] = "enqueued"
+    ranks[1].append(e(2, op="send", kind="p2p", peers="s2", state="enqueued", t0=10))
+    ranks[2].append(e(2, op="send", kind="p2p", peers="s1", state="enqueued", t0=10))
+    assert diagnose.diagnose(snap(ranks), 4)["ranks"] == [1, 2]
 
 
 def test_stuck_means_every_rank_inside_a_call():

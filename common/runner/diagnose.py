@@ -15,6 +15,17 @@ import re
 FIELDS = ("op", "dtype", "count", "root")
 
 
+def waiting(entries):
+    """The call a rank waits in: the earliest of its last calls not completed (on a GPU, calls queue
+    behind it, each enqueued), or None when its last call completed."""
+    found = None
+    for e in reversed(entries):
+        if e["state"] == "completed":
+            break
+        found = e
+    return found
+
+
 def stuck(snap, np):
     """True when every rank has a record and is inside a call it started (none computing)."""
     return len(snap) == np and all(e and e[-1]["state"] in ("started", "enqueued") for _, e in snap.values())
@@ -35,7 +46,7 @@ def where(entries, moving, rank):
     """What a rank is doing now, in words."""
     if not entries:
         return "made no recorded call"
-    last = entries[-1]
+    last = waiting(entries) or entries[-1]
     if last["state"] == "completed":
         busy = "its record still moves: slow, not stuck" if rank in moving else \
             "computing, slow, or in a call not recorded"
@@ -113,8 +124,8 @@ def cycle(snap):
     """A deadlock of point-to-point waits: [r0, r1, ...] where each waits to receive from the next."""
     waits = {}
     for r, (_, entries) in snap.items():
-        last = entries[-1] if entries else None
-        if last and last["kind"] == "p2p" and last["state"] == "started":
+        last = waiting(entries)
+        if last and last["kind"] == "p2p":
             waits[r] = [int(p[1:]) for p in last["peers"].split() if p[0] == "r"]
     for start in sorted(waits):
         path, r = [start], start
@@ -136,7 +147,7 @@ def diagnose(snap, np, moving=()):
     loop = cycle(snap)
     if loop:
         pairs = [f"rank {a} waits to receive from {b}" for a, b in zip(loop, loop[1:] + loop[:1])]
-        first = snap[loop[0]][1][-1]
+        first = waiting(snap[loop[0]][1])
         return {"kind": "cycle", "field": "p2p-cycle", "rank": loop[0], "ranks": sorted(loop),
                 "seq": first["seq"], "comm": first["comm"], "call": f"{first['op']} #{first['seq']}",
                 "lines": ["point-to-point deadlock: " + "; ".join(pairs)]}
