@@ -49,8 +49,8 @@ def where(entries, moving, rank):
     last = waiting(entries) or entries[-1]
     if last["state"] == "completed":
         busy = "its record still moves: slow, not stuck" if rank in moving else \
-            "computing, slow, or in a call not recorded"
-        return f"is outside any recorded call ({busy});\n    its last was {call(last)}"
+            "computing, slow, or in an unrecorded call"
+        return f"is in no recorded call ({busy});\n    its last was {call(last)}"
     what = f"waits in {call(last)}" if last["kind"] == "coll" else \
         f"waits in {last['op']} #{last['seq']} ({last['peers']}, {last['comm']})"
     return what + (" (enqueued: the GPU may still wait in it)" if last["state"] == "enqueued" else "")
