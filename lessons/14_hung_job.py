@@ -272,7 +272,8 @@ def main():
         if rank == 0:  # the slowest rank's figures, the same on every rank
             print(f"recording alone: {worst['record'] * 1e6:.1f} us per call (slowest rank)\n"
                   f"an all-reduce of 1 float: {worst['bare'] * 1e6:.1f} us bare, "
-                  f"{worst['recorded'] * 1e6:.1f} us recorded", flush=True)
+                  f"{worst['recorded'] * 1e6:.1f} us recorded"
+                  + (" and checked (--debug-collectives)" if args.debug_collectives else ""), flush=True)
     report.finish(ctx, {"calls": len(entries), "open": sum(e["state"] != "completed" for e in entries),
                         "record_us": c["record"] * 1e6, "bare_us": c["bare"] * 1e6,
                         "recorded_us": c["recorded"] * 1e6},

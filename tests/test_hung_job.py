@@ -62,3 +62,19 @@ def test_on_the_gpu_double_a_call_is_enqueued_not_completed(fault, field, tmp_pa
     assert d["field"] == field and R in d["ranks"], d
     if fault == "count":
         assert d["state"] == "enqueued" and "not completed on the GPU" in said, said
+
+
+@pytest.mark.parametrize("fault, api", [("skip", "mpi4py"), ("subgroup", "mpi4py"), ("root", "mpi4py"),
+                                        pytest.param("count", "torch", marks=pytest.mark.torch)])
+def test_debug_collectives_stops_at_the_first_mismatch(fault, api):
+    """--debug-collectives: the ranks compare fingerprints before the call, so the run stops with
+    CollectiveMismatch (within its 1.5 s wait) before the runner's 1 s stuck watch would end it, and the
+    diagnosis is the same."""
+    R = random.randrange(3)
+    les = lesson()
+    outcome, checks = engine.run_lesson(les, 3, api, "cpu", ["--fault", fault, "--fault-rank", str(R),
+                                                              "--debug-collectives"], echo=False, timeout=LIMIT)
+    said = "\n".join(outcome.tail[-15:] + engine.explain(les, outcome, checks))
+    assert any("CollectiveMismatch" in e for e in outcome.errors.values()), said
+    assert not outcome.timed_out and engine.status(outcome, checks) == "pass", said
+    assert "--debug-collectives: world #" in said and outcome.diagnosis["rank"] == R, said
