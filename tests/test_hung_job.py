@@ -44,7 +44,7 @@ def test_each_planted_fault_is_named(fault, n, api):
     assert f"rank {R}" in said, said  # the learner is told, not only the JSON
 
 
-@pytest.mark.parametrize("fault, field", [("count", "count"), ("p2p-cycle", "p2p-cycle")])
+@pytest.mark.parametrize("fault, field", [("subgroup", "comm"), ("p2p-cycle", "p2p-cycle")])
 def test_on_the_gpu_double_a_call_is_enqueued_not_completed(fault, field, tmp_path, monkeypatch):
     """CuPy + NCCL under the GPU double: a NCCL call returns once queued, so the ranks' records say
     `enqueued` (torch's flight recorder's word) for the call the GPU still waits in, and the diagnosis
@@ -58,10 +58,9 @@ def test_on_the_gpu_double_a_call_is_enqueued_not_completed(fault, field, tmp_pa
                                         echo=False, timeout=LIMIT)
     said = "\n".join(outcome.tail[-15:] + engine.explain(les, outcome, checks))
     assert engine.status(outcome, checks) == "pass" and outcome.results["device"] == "gpu", said
-    d = outcome.diagnosis
-    assert d["field"] == field and R in d["ranks"], d
-    if fault == "count":
-        assert d["state"] == "enqueued" and "not completed on the GPU" in said, said
+    d = outcome.diagnosis  # two faults that hang the double (a count fault may complete with garbage)
+    assert d["field"] == field and R in d["ranks"] and d["state"] == "enqueued", d
+    assert "enqueued" in said, said
 
 
 @pytest.mark.parametrize("fault, api", [("skip", "mpi4py"), ("subgroup", "mpi4py"), ("root", "mpi4py"),

@@ -150,7 +150,10 @@ def diagnose(snap, np, moving=()):
         first = waiting(snap[loop[0]][1])
         return {"kind": "cycle", "field": "p2p-cycle", "rank": loop[0], "ranks": sorted(loop),
                 "seq": first["seq"], "comm": first["comm"], "call": f"{first['op']} #{first['seq']}",
-                "lines": ["point-to-point deadlock: " + "; ".join(pairs)]}
+                "state": first["state"],
+                "lines": ["point-to-point deadlock: " + "; ".join(pairs)] + (
+                    ["  (enqueued on the GPU: the hosts queued these calls and wait in a sync)"]
+                    if first["state"] == "enqueued" else [])}
     found = divergence(snap, np, moving)
     if found:
         found["kind"] = "divergence"
