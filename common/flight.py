@@ -15,6 +15,7 @@ completed. The header counts every write, so a reader sees whether a rank's reco
 Without a run folder the same ring lives in memory (the lesson can still read itself: entries()).
 common/runner/diagnose.py reads the files; common/collcheck.py is --debug-collectives.
 """
+import json
 import mmap
 import os
 import struct
@@ -147,6 +148,16 @@ def install(rank, gpu=False, check=None):
     return _ME[0]
 
 
+def plant(np, stuck_s, params):
+    """Rank 0 of a lesson that breaks on purpose tells the runner (common/runner/flightwatch.py): end
+    the run once every rank has waited stuck_s seconds in a call, then grade the diagnosis on params."""
+    run_dir = os.environ.get("TUTOR_RUN_DIR")
+    if run_dir and os.path.isdir(run_dir):
+        from common.report import atomic_write
+        atomic_write(os.path.join(run_dir, "planted.json"),
+                     json.dumps({"np": np, "stuck_s": stuck_s, "params": params}))
+
+
 def get():
     return _ME[0] if _ME else install(0)
 
@@ -177,17 +188,26 @@ def _peers(sends, recvs):
                     [f"r{p}" for b, p in recvs if b is not None and _size(b)])
 
 
-# how a wrapped backend's method is recorded: name -> (op, kind, (buffer, peers) from its arguments)
+# how a wrapped backend's method is recorded: name -> (op, kind, (buffer, peers) from its arguments).
+# The buffer is one every rank passes alike: all-gather's output, reduce-scatter's input (blocks may be
+# uneven); an all-to-all's buffers may differ per rank, so its count is recorded as -1 (not compared)
 _CALLS = {
     "exchange": ("sendrecv", "p2p", lambda out, into, dest, source: (out, _peers([(out, dest)],
                                                                                  [(into, source)]))),
     "group": ("group", "p2p", lambda sends, recvs: (None, _peers(sends, recvs))),
     "start": ("start", "p2p", lambda sends, recvs: (None, _peers(sends, recvs))),
     "allreduce": ("all_reduce", "coll", lambda buf: (buf, "")),
-    "reduce_scatter": ("reduce_scatter", "coll", lambda out, inp, *a: (inp, "")),
-    "all_gather": ("all_gather", "coll", lambda out, inp, *a: (inp, "")),
-    "all_to_all": ("all_to_all", "coll", lambda out, inp, *a: (inp, "")),
+    "reduce_scatter": ("reduce_scatter", "coll", lambda out, inp, *a, **k: (inp, "")),
+    "all_gather": ("all_gather", "coll", lambda out, inp, *a, **k: (out, "")),
+    "all_to_all": ("all_to_all", "coll", lambda out, inp, *a, **k: (_Uneven(inp), "")),
 }
+
+
+class _Uneven:
+    """A buffer whose dtype is recorded and its count not (-1)."""
+
+    def __init__(self, buf):
+        self.dtype, self.size = getattr(buf, "dtype", ""), -1
 
 
 def wrap(ns, ctx=None):

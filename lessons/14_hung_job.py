@@ -30,7 +30,6 @@ Run it:
   make lesson-14 NP=4                  bin/tutor run 14 -n 4 -- --fault skip --fault-rank 3
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/14_hung_job.py --api mpi4py
 """
-import json
 import os
 import sys
 import time
@@ -217,11 +216,6 @@ def cost(ctx, calls, rec, zeros, sync):
     return out
 
 
-def max_op():
-    from mpi4py import MPI
-    return MPI.MAX
-
-
 def main():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--fault", choices=FAULTS, default="none", help="the fault to plant on rank R")
@@ -231,8 +225,12 @@ def main():
     n, rank, R = ctx.world_size, ctx.rank, args.fault_rank
     if n < 2 or R >= n:
         ctx.fail(f"--fault-rank {R} needs NP >= 2 and R < NP (NP = {n})")
-    rec, sync = flight.get(), timing.syncer(ctx)
-    sync = (lambda s: lambda: (s(), rec.synced()))(sync)
+    from mpi4py import MPI  # bootstrap has joined the world
+    rec, device_sync = flight.get(), timing.syncer(ctx)
+
+    def sync():  # the GPU finished what this rank queued: its enqueued calls are completed
+        device_sync()
+        rec.synced()
     members = sorted((R, partner(R, n)))
     sub = subgroup(ctx, members)
     calls = torch_calls(ctx, sub) if ctx.api == "torch" else mpi_calls(ctx, sub)
@@ -240,11 +238,9 @@ def main():
     seq = PER_STEP * FAULT_STEP + (PER_STEP if args.fault == "root" else 1)
     ctx.params = {"fault": args.fault, "fault_rank": R, "fault_peer": partner(R, n), "fault_seq": seq,
                   "fault_field": FIELD.get(args.fault, "none"), "count": COUNT, "steps": STEPS}
-    run_dir = os.environ.get("TUTOR_RUN_DIR")
-    if rank == 0 and args.fault in FIELD and run_dir:  # tell the runner: end it once stuck, then grade
-        report.atomic_write(os.path.join(run_dir, "planted.json"),
-                            json.dumps({"np": n, "stuck_s": STUCK_S, "params": ctx.params}))
-    report.section(ctx, f"1. a training job, {STEPS} steps, fault: {args.fault}"
+    if rank == 0 and args.fault in FIELD:  # tell the runner: end it once stuck, then grade the diagnosis
+        flight.plant(n, STUCK_S, ctx.params)
+    report.section(ctx, f"a training job, {STEPS} steps, fault: {args.fault}"
                         + (f" on rank {R} in step {FAULT_STEP}" if args.fault != "none" else ""))
     t0 = timing.now(sync)
     job(ctx, args, calls, rec, zeros, host, sync)
@@ -261,14 +257,15 @@ def main():
                              (e["root"] if e["root"] >= 0 else ""), e["comm"], e["state"], e["site"])
                             for e in entries[-6:]]))
     if args.fault == "straggler":
-        report.section(ctx, "2. slow, not stuck: who arrived last at the collectives")
-        report.say(ctx, f"rank {slow[0]} arrived last; the others waited {slow[1]:.2f} s for it (median "
-                        "arrival to its arrival, summed over the world collectives)")
+        report.section(ctx, "slow, not stuck: who arrived last at the collectives")
+        if rank == 0:
+            print(f"rank {slow[0]} arrived last; the others waited {slow[1]:.2f} s for it\n"
+                  "(from the median arrival to its own, summed over the world collectives)", flush=True)
     c = {"record": 0.0, "bare": 0.0, "recorded": 0.0}
     if args.fault == "none":  # a planted fault's record is the runner's to read: not overwritten
-        report.section(ctx, f"3. what recording costs ({COST_ITERS} calls each, best of 2)")
+        report.section(ctx, f"what recording costs ({COST_ITERS} calls each, best of 2)")
         c = cost(ctx, calls, rec, zeros, sync)
-        worst = {k: ctx.comm.allreduce(v, op=max_op()) for k, v in c.items()}  # the slowest rank's
+        worst = {k: ctx.comm.allreduce(v, op=MPI.MAX) for k, v in c.items()}  # the slowest rank's
         if rank == 0:  # the slowest rank's figures, the same on every rank
             print(f"recording alone: {worst['record'] * 1e6:.1f} us per call (slowest rank)\n"
                   f"an all-reduce of 1 float: {worst['bare'] * 1e6:.1f} us bare, "
