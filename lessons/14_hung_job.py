@@ -45,7 +45,7 @@ FAULT_STEP = 2           # after two clean steps, so the record shows the patter
 PER_STEP = 3             # world collectives per step: gradients, loss, parameters
 STUCK_S = 1.0            # a planted hang ends once every rank has waited this long, nothing moving
 SLOW_S = 1.0             # the straggler's extra compute
-COST_ITERS = 200         # recorded and bare calls timed for the recorder's cost (x10 for it alone)
+COST_ITERS = 100         # recorded and bare calls timed for the recorder's cost (x10 for it alone)
 FAULTS = ("none", "skip", "op", "count", "dtype", "root", "subgroup", "p2p-cycle", "straggler")
 # where each fault shows: the world collective it breaks (#k) and the field the diagnosis must name
 FIELD = {"skip": "skip", "op": "op", "count": "count", "dtype": "dtype", "root": "root",
