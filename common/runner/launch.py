@@ -127,7 +127,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
                 out.interrupted, out.signal, out.rc = True, stop.signum, 128 + stop.signum
                 break
             ran = time.monotonic() - start - stop.paused
-            if ran - polled >= 0.5:  # a planted fault's run ends once stuck (common/runner/flightwatch.py)
+            if ran - polled >= 0.25:  # a planted fault's run ends once stuck (common/runner/flightwatch.py)
                 polled, early = ran, watch.poll(ran)
             if ran >= timeout or early:
                 out.timed_out = True
