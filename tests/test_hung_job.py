@@ -2,12 +2,13 @@
 names the rank, the call and the field within the run's limit plus 5 s; a straggler passes and is
 named. That a run with nothing wrong carries no diagnosis (no false report) is checked on every lesson's
 real runs, in tests/test_lessons.py."""
+import json
 import random
 
 import pytest
 
 from common.runner import catalog, engine
-from conftest import torch_marks
+from conftest import torch_marks, tutor
 
 FAULTS = ("skip", "op", "count", "dtype", "root", "subgroup", "p2p-cycle", "straggler")
 LIMIT = 20  # seconds: a planted hang ends once stuck for ~1 s, far sooner
@@ -77,3 +78,22 @@ def test_debug_collectives_stops_at_the_first_mismatch(fault, api):
     assert any("CollectiveMismatch" in e for e in outcome.errors.values()), said
     assert not outcome.timed_out and engine.status(outcome, checks) == "pass", said
     assert "--debug-collectives: world #" in said and outcome.diagnosis["rank"] == R, said
+
+
+def test_the_results_json_keeps_the_diagnosis_and_why_says_it_again(tmp_path):
+    state = {"TUTOR_STATE": str(tmp_path / "state")}
+    first = tutor("why", env=state)
+    assert first.returncode == 1 and "no run recorded yet" in first.stdout, first.stdout + first.stderr
+    path = tmp_path / "r.json"
+    ran = tutor("run", "14", "-n", "2", "--json", str(path), "--", "--fault", "count", "--fault-rank", "1",
+                env=state)
+    assert ran.returncode == 0 and "rank 1's #7 differs: count 512 vs 1024" in ran.stderr, ran.stdout + ran.stderr
+    kept = json.loads(path.read_text())
+    assert (kept["diagnosis"]["rank"], kept["diagnosis"]["field"], kept["status"]) == (1, "count", "pass")
+    again = tutor("why", env=state)
+    assert again.returncode == 0 and "rank 1's #7 differs: count 512 vs 1024" in again.stdout, again.stdout
+    ours = ran.stderr.split("why, from the ranks' flight records:")[1] + again.stdout  # MPI's own lines are longer
+    assert all(len(line) <= 100 for line in ours.splitlines()), ours
+    clean = tutor("run", "00", "-n", "2", env=state)
+    assert clean.returncode == 0 and "flight records" not in clean.stdout + clean.stderr
+    assert "left nothing to diagnose" in tutor("why", env=state).stdout
