@@ -3,7 +3,7 @@
     rec = flight.get()                          # this process's recorder (bootstrap.start made it)
     with rec.call("all_reduce", buf, comm="world"):
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    be = flight.wrap(p2p_backend, ctx)          # p2p.backend() and collectives.library() do this
+    be = flight.wrap(backend)                   # p2p.backend() and collectives.library() do this
 
 Each call is one fixed-size slot of a ring (SLOTS of them) in $TUTOR_RUN_DIR/rankR.flight, written in
 place through mmap before the call starts and again when it ends: a rank blocked inside a C MPI call
@@ -35,7 +35,7 @@ _ME = []
 
 class Recorder:
     def __init__(self, rank, path=None, gpu=False, check=None):
-        self.rank, self.gpu, self.check, self.writes, self.seqs, self.pending = rank, gpu, check, 0, {}, []
+        self.rank, self.gpu, self.check, self.writes, self.seqs, self.pending = rank, gpu, check, 0, {}, set()
         self.pid = os.getpid()
         if path:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -70,8 +70,8 @@ class Recorder:
         at, now = HEAD.size + slot * SLOT.size, time.time()
         _STATE.pack_into(self.buf, at + 25, 2 if self.gpu else 3)
         _TIME.pack_into(self.buf, at + 40, now)
-        if self.gpu:
-            self.pending.append(slot)
+        if self.gpu:  # a set of slots: at most SLOTS, however long a lesson goes without a sync
+            self.pending.add(slot)
         self._head(now)
 
     def synced(self):
@@ -79,7 +79,7 @@ class Recorder:
         for slot in self.pending:
             _STATE.pack_into(self.buf, HEAD.size + slot * SLOT.size + 25, 3)
         if self.pending:
-            self.pending = []
+            self.pending = set()
             self._head(time.time())
 
     def call(self, op, buf=None, comm="world", root=-1, peers="", kind="coll", members=None):
@@ -210,7 +210,7 @@ class _Uneven:
         self.dtype, self.size = getattr(buf, "dtype", ""), -1
 
 
-def wrap(ns, ctx=None):
+def wrap(ns):
     """The backend namespace `ns` with each communication method recorded (sync marks GPU work done)."""
     rec = get()
     for name, (op, kind, what) in _CALLS.items():

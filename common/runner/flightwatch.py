@@ -9,6 +9,7 @@ with no record moving, and grades common/runner/diagnose.py's diagnosis against 
 import json
 import os
 import re
+import types
 
 from common import flight
 from common.runner.diagnose import diagnose, stuck
@@ -33,9 +34,10 @@ def planted(run_dir):
     """What a lesson that breaks on purpose says it broke (planted.json), or None."""
     try:
         with open(os.path.join(run_dir, "planted.json")) as f:
-            return json.load(f)
+            plan = json.load(f)
     except (OSError, ValueError):
         return None
+    return plan if isinstance(plan, dict) and isinstance(plan.get("np"), int) else None
 
 
 def moved(before, after):
@@ -45,10 +47,11 @@ def moved(before, after):
 
 class Watch:
     """The runner's eye on a run's records: ends a run that planted a fault once every rank has waited
-    in a call, nothing moving, for its stuck_s (poll); diagnoses a run that did not end well (finish)."""
+    in a call, nothing moving, for its stuck_s (poll); diagnoses every run it watched (finish)."""
 
     def __init__(self, run_dir):
         self.run_dir, self.plan, self.last, self.since, self.early = run_dir, None, None, None, None
+        self.first = None  # the records when the run was about to be ended (before)
 
     def poll(self, seconds):
         """True when the run should be ended now: stuck as a planted fault makes it."""
@@ -76,7 +79,7 @@ class Watch:
         if out.interrupted:  # every other run is read: one that passed must show no divergence (a
             return           # fault MPI let pass still shows in the records)
         snap = read(self.run_dir)
-        moving = moved(getattr(self, "first", snap), snap) if out.timed_out else set()
+        moving = moved(self.first, snap) if out.timed_out and self.first is not None else set()
         found = diagnose(snap, np or len(snap), moving)
         if found and not out.timed_out and found.get("outside") and found.get("rank") in out.errors:
             found = None  # a rank that failed between calls: its error names it, no call diverged
@@ -119,8 +122,10 @@ def recall():
         with open(last_path()) as f:
             last = json.load(f)
     except (OSError, ValueError):
+        last = None
+    if not (isinstance(last, dict) and {"run", "status"} <= set(last)):  # none yet, or not ours
         return ["no run recorded yet: `bin/tutor run ID` first"], 1
-    if not last.get("diagnosis"):
+    if not isinstance(last.get("diagnosis"), dict) or not last["diagnosis"].get("lines"):
         return [f"the last run ({last['run']}: {last['status']}) left nothing to diagnose"], 1
     return [f"the last run: {last['run']}: {last['status']}"] + lines(
-        type("Last", (), {"diagnosis": last["diagnosis"]})), 0
+        types.SimpleNamespace(diagnosis=last["diagnosis"])), 0
