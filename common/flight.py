@@ -25,7 +25,7 @@ import time
 SLOTS = 64
 HEAD = struct.Struct("<4sIqqdd")        # magic, rank, pid, writes, time of the last write, spare
 SLOT = struct.Struct("<qqiiBB6xdd16s8s24s24s24s")  # seq, count, root, tag, kind, state, t0, t1, op,
-KINDS, STATES = ("", "coll", "p2p"), ("", "started", "enqueued", "completed")  # dtype, comm, peers, site
+KINDS, STATES = ("", "coll", "p2p", "loop"), ("", "started", "enqueued", "completed")  # dtype, comm, peers, site
 HOME = os.path.dirname(os.path.abspath(__file__))  # a call's site is the first frame outside common/
 MAGIC = b"FLT1"
 _WRITES, _STATE, _TIME = struct.Struct("<qd"), struct.Struct("<B"), struct.Struct("<d")  # in-place parts
@@ -36,7 +36,7 @@ _ME = []
 class Recorder:
     def __init__(self, rank, path=None, gpu=False, check=None):
         self.rank, self.gpu, self.check, self.writes, self.seqs, self.pending = rank, gpu, check, 0, {}, set()
-        self.pid = os.getpid()
+        self.pid, self.off = os.getpid(), False
         if path:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             os.ftruncate(fd, SIZE)
@@ -53,26 +53,33 @@ class Recorder:
 
     def begin(self, op, kind, buf=None, comm="world", root=-1, peers="", members=None, tag=-1):
         """Write a started slot; return its slot number (end() marks it done)."""
+        if self.off:  # inside a timed loop: its one slot stands for every call
+            return -1
         key = (comm, kind)
         seq = self.seqs[key] = self.seqs.get(key, 0) + 1
         count, dtype = (_size(buf), _dtype(buf)) if buf is not None else (0, "")
-        slot, self.index = self.index % SLOTS, self.index + 1
+        slot = self.index % SLOTS
+        self.index += 1
         now = time.time()
-        SLOT.pack_into(self.buf, HEAD.size + slot * SLOT.size, seq, count, root, tag, 1 if kind == "coll" else 2,
+        SLOT.pack_into(self.buf, HEAD.size + slot * SLOT.size, seq, count, root, tag, KINDS.index(kind),
                        1, now, 0.0, _b(op), _b(dtype), _b(comm), _b(peers), _site())
-        self._head(now)
+        self.writes += 1
+        _WRITES.pack_into(self.buf, 16, self.writes, now)
         if self.check is not None and kind == "coll":  # --debug-collectives: agree before the call
             self.check(self, seq, op, dtype, count, root, comm, members)
         return slot
 
     def end(self, slot):
         """Mark the slot completed, or enqueued on a GPU (completed at the next sync())."""
+        if slot < 0:
+            return
         at, now = HEAD.size + slot * SLOT.size, time.time()
-        _STATE.pack_into(self.buf, at + 25, 2 if self.gpu else 3)
         _TIME.pack_into(self.buf, at + 40, now)
+        _STATE.pack_into(self.buf, at + 25, 2 if self.gpu else 3)
         if self.gpu:  # a set of slots: at most SLOTS, however long a lesson goes without a sync
             self.pending.add(slot)
-        self._head(now)
+        self.writes += 1
+        _WRITES.pack_into(self.buf, 16, self.writes, now)
 
     def synced(self):
         """Every enqueued GPU call has finished (the caller synchronized the device)."""
@@ -85,6 +92,12 @@ class Recorder:
     def call(self, op, buf=None, comm="world", root=-1, peers="", kind="coll", members=None):
         """`with rec.call(...):` around one call: started before it, done after it returns."""
         return _Call(self, op, kind, buf, comm, root, peers, members)
+
+    def timed(self, iters):
+        """`with rec.timed(iters):` around a timing loop (common/bandwidth.time_op): one `loop` slot
+        for all its calls, which are not recorded one by one, so the clock measures the library and
+        not the recorder (~2.5 us a call). A hang inside shows as a wait in that loop."""
+        return _Loop(self, iters)
 
     def entries(self):
         return parse(bytes(self.buf))[1]
@@ -102,6 +115,23 @@ class _Call:
     def __exit__(self, kind, value, tb):
         if kind is None:  # a call that raised stays `started`: it never completed
             self.rec.end(self.slot)
+
+
+class _Loop:
+    __slots__ = ("rec", "iters", "slot")
+
+    def __init__(self, rec, iters):
+        self.rec, self.iters = rec, iters
+
+    def __enter__(self):
+        self.slot = self.rec.begin("timed loop", "loop", None, "world", peers=f"{self.iters} calls")
+        self.rec.off = self.slot >= 0  # a loop inside a loop leaves the outer one in charge
+
+    def __exit__(self, kind, value, tb):
+        if self.slot >= 0:
+            self.rec.off = False
+            if kind is None:
+                self.rec.end(self.slot)
 
 
 _BYTES, _FILES = {}, {}
@@ -188,12 +218,20 @@ def _peers(sends, recvs):
                     [f"r{p}" for b, p in recvs if b is not None and _size(b)])
 
 
+def _pair(out, into, dest, source, known={}):
+    """_peers of one exchange, from a cache: the hot path of the hand-made rings (lessons 05, 07)."""
+    key = (dest, source, out is not None and _size(out) > 0, into is not None and _size(into) > 0)
+    text = known.get(key)
+    if text is None:
+        text = known[key] = " ".join(([f"s{dest}"] if key[2] else []) + ([f"r{source}"] if key[3] else []))
+    return text
+
+
 # how a wrapped backend's method is recorded: name -> (op, kind, (buffer, peers) from its arguments).
 # The buffer is one every rank passes alike: all-gather's output, reduce-scatter's input (blocks may be
 # uneven); an all-to-all's buffers may differ per rank, so its count is recorded as -1 (not compared)
 _CALLS = {
-    "exchange": ("sendrecv", "p2p", lambda out, into, dest, source: (out, _peers([(out, dest)],
-                                                                                 [(into, source)]))),
+    "exchange": ("sendrecv", "p2p", lambda out, into, dest, source: (out, _pair(out, into, dest, source))),
     "group": ("group", "p2p", lambda sends, recvs: (None, _peers(sends, recvs))),
     "start": ("start", "p2p", lambda sends, recvs: (None, _peers(sends, recvs))),
     "allreduce": ("all_reduce", "coll", lambda buf: (buf, "")),

@@ -126,3 +126,16 @@ def test_stuck_means_every_rank_inside_a_call():
     ranks[1] = history()
     assert not diagnose.stuck(snap(ranks), 2)
     assert not diagnose.stuck(snap({0: ranks[0]}), 2)
+
+
+def test_a_timing_loop_is_one_slot_so_the_clock_measures_the_library(on_disk):
+    rec = flight.install(0)
+    be = flight.wrap(types.SimpleNamespace(allreduce=lambda buf: None))
+    be.allreduce(np.zeros(2))
+    with rec.timed(1000):
+        assert rec.entries()[-1]["op"] == "timed loop" and rec.entries()[-1]["state"] == "started"
+        for _ in range(1000):
+            be.allreduce(np.zeros(2))
+    be.allreduce(np.zeros(2))
+    ops = [(e["op"], e["seq"], e["state"]) for e in rec.entries()]
+    assert ops == [("all_reduce", 1, "completed"), ("timed loop", 1, "completed"), ("all_reduce", 2, "completed")]
