@@ -5,7 +5,7 @@ import types
 import numpy as np
 import pytest
 
-from common import flight
+from common import flight, recorded
 from common.runner import diagnose
 
 
@@ -43,7 +43,7 @@ def test_the_ring_keeps_the_last_calls_numbered_per_communicator(on_disk):
 
 def test_gpu_calls_are_enqueued_until_a_sync(on_disk):
     rec = flight.install(0, gpu=True)
-    be = flight.wrap(types.SimpleNamespace(allreduce=lambda buf: None, sync=lambda: None))
+    be = recorded.wrap(types.SimpleNamespace(allreduce=lambda buf: None, sync=lambda: None))
     be.allreduce(np.zeros(4, np.float32))
     assert rec.entries()[-1]["state"] == "enqueued"
     be.sync()
@@ -53,7 +53,7 @@ def test_gpu_calls_are_enqueued_until_a_sync(on_disk):
 def test_a_started_transfer_completes_when_waited_for(on_disk):
     rec = flight.install(1)
     handle = types.SimpleNamespace(wait=lambda: None)
-    be = flight.wrap(types.SimpleNamespace(start=lambda sends, recvs: handle))
+    be = recorded.wrap(types.SimpleNamespace(start=lambda sends, recvs: handle))
     h = be.start([(np.zeros(3), 2)], [(np.zeros(3), 0)])
     assert rec.entries()[-1]["state"] == "started" and rec.entries()[-1]["peers"] == "s2 r0"
     h.wait()
@@ -130,7 +130,7 @@ def test_stuck_means_every_rank_inside_a_call():
 
 def test_a_timing_loop_is_one_slot_so_the_clock_measures_the_library(on_disk):
     rec = flight.install(0)
-    be = flight.wrap(types.SimpleNamespace(allreduce=lambda buf: None))
+    be = recorded.wrap(types.SimpleNamespace(allreduce=lambda buf: None))
     be.allreduce(np.zeros(2))
     with rec.timed(1000):
         assert rec.entries()[-1]["op"] == "timed loop" and rec.entries()[-1]["state"] == "started"
