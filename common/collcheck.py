@@ -48,7 +48,7 @@ class Checker:
                 if time.monotonic() > deadline:
                     raise CollectiveMismatch(f"--debug-collectives: not every rank of {comm} came to {op} "
                                              f"#{seq} within {WAIT_S:g} s")
-                time.sleep(0.0005)
+                time.sleep(0.00005)
         prints = dict(zip(others, (FP.unpack(bytes(g)) for g in got)))
         prints[me] = FP.unpack(bytes(mine))
         if len(set(prints.values())) > 1:
