@@ -14,7 +14,7 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 
-from common import devices, network, teardown, watchdog, world
+from common import devices, flight, network, teardown, watchdog, world
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -76,6 +76,9 @@ def lesson_parser(file, doc):
                    help="auto: gpu when every local rank has its own GPU and NCCL loads")
     p.add_argument("--json", metavar="PATH", default=os.environ.get("TUTOR_RESULTS"),
                    help="write the results JSON here (the runner sets this)")
+    p.add_argument("--debug-collectives", action="store_true",
+                   help="before each collective the ranks compare its fingerprint, and stop at the "
+                        "first mismatch instead of hanging (common/collcheck.py)")
     return p
 
 
@@ -147,6 +150,11 @@ def start(file, parser, argv=None, uses_torch=False):
         print(textwrap.fill(f"note: GPUs were seen, but --device auto runs this on the CPU: {why}", 100,
                             subsequent_indent="  "), flush=True)
     ctx.transport = devices.TRANSPORT[(args.api, device)]
+    check = None
+    if args.debug_collectives:  # collective: every rank duplicates the world for the fingerprints
+        from common import collcheck
+        check = collcheck.Checker(comm)
+    flight.install(ctx.rank, gpu=device == "gpu", check=check)  # every call through common/ is recorded
     if args.api == "torch":
         init_torch(ctx)
     elif device == "gpu":

@@ -28,7 +28,7 @@ Measured (written() around one call, N = 3, a 12 MiB float32 buffer): reduce_sca
 """
 import types
 
-from common import buffers, timing
+from common import buffers, recorded, timing
 
 
 def bounds(counts):
@@ -212,6 +212,7 @@ def torch_library(ctx):
 
 
 def library(ctx):
+    """The ctx's library, each call recorded by this rank's flight recorder (common/recorded.py)."""
     if ctx.api == "torch":
-        return torch_library(ctx)
-    return nccl_library(ctx) if ctx.device == "gpu" else mpi_library(ctx)
+        return recorded.wrap(torch_library(ctx))
+    return recorded.wrap(nccl_library(ctx) if ctx.device == "gpu" else mpi_library(ctx))

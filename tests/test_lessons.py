@@ -59,6 +59,7 @@ def run_case(lesson, meta, n, api, device, capfd):
     where = f"{lesson.name} np={n} api={api} device={device}"
     assert engine.ok(outcome, checks), f"{where} failed:\n{tail}"
     assert all(c["ok"] for c in checks), tail
+    assert outcome.diagnosis is None, f"{where}: a false report from the flight records: {outcome.diagnosis}"
     results = outcome.results
     assert (results["device"], results["transport"]) == (device, devices.TRANSPORT[(api, device)]), tail
     if api == "mpi4py" and device == "cpu":

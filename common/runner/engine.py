@@ -49,19 +49,25 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
         outcome.wrong_world = launch.mismatch()
     if outcome.wrong_world:  # nothing a wrong world reported is checked: it is never a pass
         outcome.results = None
+    elif outcome.planted:  # lesson 14's fault: grade the diagnosis, whether the fault hung the run or not
+        outcome.results = outcome.results or {"lesson": lesson.name, "np": np, "api": api, "device": device,
+                                              "ranks": [], "params": outcome.planted.get("params", {})}
+        outcome.results["diagnosis"] = outcome.diagnosis or {}
     checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome.results else None
     if json_path:
         keep_results(json_path, lesson, np, api, device, outcome.results, checks,
-                     status(outcome, checks), explain(lesson, outcome, checks))
+                     status(outcome, checks), explain(lesson, outcome, checks), outcome.diagnosis)
     return outcome, checks
 
 
-def keep_results(path, lesson, np, api, device, results, checks, verdict, why):
+def keep_results(path, lesson, np, api, device, results, checks, verdict, why, diagnosis=None):
     """The results JSON the learner asked for: the lesson's results (or what is known of the run),
     the checks, one status and the lines that say why it is not `pass`; never over a file that is not
     an earlier one (UsageError). A blocked run, never launched, is kept too."""
     doc = results or {"lesson": lesson.name, "np": np, "api": api, "device": device, "ranks": []}
     doc = {**doc, "checks": checks or [], "ok": verdict == "pass", "status": verdict, "why": why}
+    if diagnosis:  # the first divergence of the ranks' flight records (common/runner/diagnose.py)
+        doc["diagnosis"] = diagnosis
     text = json.dumps(doc, indent=1) + "\n"
     try:
         files.write_new(path, text, "--json", "results JSON", files.is_results_json)

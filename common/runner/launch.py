@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from common import world
-from common.runner import lifetime
+from common.runner import flightwatch, lifetime
 from common.runner.launchers import (LaunchError, flavour, found, identify, mismatch, mpiexec,  # noqa: F401
                                      note, python, world_env)
 from common.runner.catalog import ROOT
@@ -69,6 +69,9 @@ class Outcome:
     blocked: str = None                          # why the lesson refused: what it needs is missing here
     ran: set = field(default_factory=set)        # exercise regions a practice run reached (grading.py)
     wrong_world: str = None                      # the ranks were not -n ranks in one world (common/world.py)
+    diagnosis: dict = None                       # the first divergence of the ranks' flight records
+    planted: dict = None                         # the fault a lesson planted on purpose (lesson 14)
+    stuck: float = None                          # ended early: seconds every rank waited, nothing moving
 
 
 def run(cmd, timeout, echo=True, env=None, tick=None):
@@ -100,6 +103,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     env = {**threads, **os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir, "TMPDIR": scratch,
            "TUTOR_RESULTS": results_path, "PYTHONUNBUFFERED": "1"}
     out = Outcome(rc=0, seconds=0.0, limit=timeout)
+    watch, polled, early = flightwatch.Watch(run_dir), 0.0, False
     start = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -122,8 +126,12 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
             if stop.signum:
                 out.interrupted, out.signal, out.rc = True, stop.signum, 128 + stop.signum
                 break
-            if time.monotonic() - start - stop.paused >= timeout:
+            ran = time.monotonic() - start - stop.paused
+            if ran - polled >= 0.25:  # a planted fault's run ends once stuck (common/runner/flightwatch.py)
+                polled, early = ran, watch.poll(ran)
+            if ran >= timeout or early:
                 out.timed_out = True
+                watch.before()
                 out.stacks = dump_stacks(proc.pid, run_dir)
                 out.rc = 124
                 break
@@ -140,6 +148,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     out.seconds = time.monotonic() - start
     out.errors = read_errors(run_dir)
     out.pids = rank_pids(run_dir)
+    watch.finish(out, len(out.pids))
     out.ran = {name[4:] for name in os.listdir(run_dir) if name.startswith("ran-")}
     if os.path.exists(os.path.join(run_dir, world.MARK)):  # a process found itself in the wrong world
         with open(os.path.join(run_dir, world.MARK)) as f:

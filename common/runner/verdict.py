@@ -4,7 +4,7 @@ results JSON keeps, and the JUnit report."""
 import re
 import signal
 
-from common.runner import rundir
+from common.runner import flightwatch, rundir
 from common.runner.terminal import WIDTH, by_message, path_shown, ranks_of, short  # noqa: F401
 from common.report import table
 
@@ -19,6 +19,8 @@ def status(outcome, checks):
     where it can tell; a lesson that finds no GPU per rank itself says so in its run folder."""
     if outcome.interrupted:
         return "interrupted"
+    if getattr(outcome, "planted", None) and checks and all(c["ok"] for c in checks):
+        return "pass"  # a fault planted on purpose (lesson 14), diagnosed right
     if outcome.timed_out:
         return "timeout"
     if getattr(outcome, "wrong_world", None):  # every rank alone in a world of its own: never a pass
@@ -70,8 +72,7 @@ def explain(lesson, outcome, checks):
         how = "Ctrl-C" if outcome.signal in (None, signal.SIGINT) else _signal_name(outcome.signal)
         return [f"interrupted by {how}: every process of the run was ended"]
     if outcome.timed_out:
-        lines.append(f"TIMEOUT: {lesson.name} ran past its {outcome.limit:g} s limit; every rank was ended. "
-                     "Where each rank was:")
+        lines.append(flightwatch.opening(lesson, outcome))
         places = {}
         for rank in outcome.stacks:
             if not outcome.stacks[rank][0][1]:  # no stack: the process state (rundir.dump_stacks)
@@ -83,7 +84,7 @@ def explain(lesson, outcome, checks):
         lines += [f"  {ranks_of(ranks)}: {where}" for ranks, where in by_message(places)]
         if not outcome.stacks:
             lines.append("  (no rank answered the stack-dump request: it hung before joining MPI)")
-        return lines
+        return lines + flightwatch.lines(outcome)
     if getattr(outcome, "wrong_world", None):
         return [outcome.wrong_world]
     # an MPI error on a rank is often only the echo of a peer that died: it names no culprit itself,
@@ -121,7 +122,7 @@ def explain(lesson, outcome, checks):
     else:
         lines += [f"check failed: {c['name']}: got {short(c['got'])}, want {short(c['want'])}"
                   for c in checks if not c["ok"]]
-    return lines
+    return lines + flightwatch.lines(outcome)
 
 
 def last_said(tail):
@@ -141,8 +142,8 @@ def summary(verdict, head, why, width=WIDTH):
     """The run's last line: the status, what ran, and, when it did not pass, why, in a few words."""
     line = f"{verdict.upper()}  {head}"
     first = next((w.strip() for w in why if w.strip()), "") if verdict != "pass" else ""
-    timed = re.match(r"TIMEOUT: \S+ (ran past its .*? limit)", first)
-    cause = re.sub(r"^the lesson exited with (status \d+): ", r"\1: ", timed.group(1) if timed else first)
+    timed = re.match(r"TIMEOUT: \S+ (ran past its .*? limit)|STUCK: \S+: (every rank waited)", first)
+    cause = re.sub(r"^the lesson exited with (status \d+): ", r"\1: ", timed.group(timed.lastindex) if timed else first)
     cause = cause.rstrip(":")
     room = width - len(line) - 2
     if not cause or room < 12:
