@@ -22,6 +22,9 @@ What to watch for:
   3. `--debug-collectives` (every lesson has it): before each collective the ranks compare its
      fingerprint (#k, op, dtype, count, root, communicator) and stop at the first mismatch, in under
      2 s, instead of hanging: TORCH_DISTRIBUTED_DEBUG=DETAIL's idea, for mpi4py and torch alike.
+  4. your reading (`bin/tutor practice 14`): write first_divergence, which reads records as the
+     runner's diagnosis does; the lesson plants each fault in this run's records on paper (no hang)
+     and checks that yours names its rank, #k and field, and reports nothing for the clean run.
 A fault's behaviour is the library's: MPI may hang, fail with MPI_ERR_TRUNCATE, or return garbage
 (the lesson checks every sum, so garbage stops it too); the record says why in every case.
 `bin/tutor why` shows the last run's diagnosis again.
@@ -33,6 +36,7 @@ Run it:
 import os
 import sys
 import time
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
@@ -55,6 +59,70 @@ FIELD = {"skip": "skip", "op": "op", "count": "count", "dtype": "dtype", "root":
 def partner(rank, n):
     """Rank R's neighbour in the point-to-point swap (and its two-rank subgroup)."""
     return rank + 1 if rank + 1 < n else rank - 1
+
+
+FIELDS = ("op", "dtype", "count", "root", "comm")  # what a call's record holds, compared in this order
+
+
+def first_divergence(records):
+    """Your reading of a hang. `records` is {rank: [(seq, op, dtype, count, root, comm, site), ...]},
+    each rank's world collectives in order (#seq, as the recorder numbers them; site: file:line).
+    Return (rank, seq, field) for the first #seq where the ranks disagree: the one rank whose call
+    there differs from the others' (or that has none), and what differs: "skip" when its call at #seq
+    is one the others make later (the same site: it skipped the call they wait in), else the first
+    of FIELDS that differs. None when every rank made the same calls."""
+    # >>> exercise: divergence
+    at = {rank: {call[0]: call[1:] for call in calls} for rank, calls in records.items()}
+    for seq in sorted({call[0] for calls in records.values() for call in calls}):
+        here = {rank: calls.get(seq) for rank, calls in at.items()}
+        usual, votes = Counter(here.values()).most_common(1)[0]
+        if votes == len(here):
+            continue  # every rank made this call alike
+        odd = min(rank for rank, call in here.items() if call != usual)
+        mine = here[odd]
+        later = {call[6] for rank, calls in records.items() if rank != odd for call in calls if call[0] > seq}
+        if mine is None or (mine[5] != usual[5] and mine[5] in later):
+            return odd, seq, "skip"
+        return odd, seq, next((f for f, a, b in zip(FIELDS, mine, usual) if a != b), "site")
+    return None
+    # <<< exercise: divergence
+
+
+def planted_records(template, world, R, fault):
+    """A world of `world` ranks that made this run's world collectives (`template`: one rank's), with
+    one fault on rank R as --fault plants it: what a hung run's records would hold, without the hang."""
+    records = {rank: [tuple(call) for call in template] for rank in range(world)}
+    k = PER_STEP * FAULT_STEP + (PER_STEP if fault == "root" else 1)
+    mine = []
+    for call in records[R]:
+        seq, op, dtype, count, root, comm, site = call
+        if seq == k and fault == "skip":
+            continue
+        if seq > k and fault == "skip":
+            seq -= 1
+        if seq == k:
+            op, dtype, count, root = {"op": ("all_gather", dtype, count * world, root),
+                                      "count": (op, dtype, count // 2, root),
+                                      "dtype": (op, "float64", count, root),
+                                      "root": (op, dtype, count, 1)}.get(fault, (op, dtype, count, root))
+        mine.append((seq, op, dtype, count, root, comm, site))
+    records[R] = mine
+    return records, k
+
+
+def reading(ctx, entries, R):
+    """Your first_divergence on the clean run's records and on each fault planted in them (on paper)."""
+    template = [(e["seq"], e["op"], e["dtype"], e["count"], e["root"], e["comm"], e["site"])
+                for e in entries if e["kind"] == "coll" and e["comm"] == "world"]
+    world = max(ctx.world_size, 3)  # three ranks at least: the odd one out needs two that agree
+    clean = first_divergence({rank: list(template) for rank in range(world)})
+    cases = []
+    for fault in ("skip", "op", "count", "dtype", "root"):
+        records, k = planted_records(template, world, R, fault)
+        got = first_divergence(records) or (None, None, None)
+        cases.append({"fault": fault, "want_rank": R, "want_seq": k, "want_field": fault,
+                      "rank": got[0], "seq": got[1], "field": got[2]})
+    return ("none" if clean is None else list(clean)), cases
 
 
 def mpi_calls(ctx, sub):
@@ -261,6 +329,17 @@ def main():
         if rank == 0:
             print(f"rank {slow[0]} arrived last; the others waited {slow[1]:.2f} s for it\n"
                   "(from the median arrival to its own, summed over the world collectives)", flush=True)
+    clean, cases = reading(ctx, entries, R) if args.fault == "none" else ("none", [])
+    if cases:
+        report.section(ctx, "your reading: first_divergence on these records, each fault planted on paper")
+        if rank == 0:
+            print(f"the clean run: {'nothing to report' if clean == 'none' else clean}")
+            print(report.table(["fault", "planted (rank, #k, field)", "yours", ""],
+                               [(c["fault"], f"{c['want_rank']}, #{c['want_seq']}, {c['want_field']}",
+                                 f"{c['rank']}, #{c['seq']}, {c['field']}",
+                                 "ok" if (c["rank"], c["seq"], c["field"]) ==
+                                 (c["want_rank"], c["want_seq"], c["want_field"]) else "WRONG")
+                                for c in cases]))
     c = {"record": 0.0, "bare": 0.0, "recorded": 0.0}
     if args.fault == "none":  # a planted fault's record is the runner's to read: not overwritten
         report.section(ctx, f"what recording costs ({COST_ITERS} calls each, best of 2)")
@@ -273,7 +352,7 @@ def main():
                   + (" and checked (--debug-collectives)" if args.debug_collectives else ""), flush=True)
     report.finish(ctx, {"calls": len(entries), "open": sum(e["state"] != "completed" for e in entries),
                         "record_us": c["record"] * 1e6, "bare_us": c["bare"] * 1e6,
-                        "recorded_us": c["recorded"] * 1e6},
+                        "recorded_us": c["recorded"] * 1e6, "clean_reading": clean, "reading": cases},
                   summary={"slowest_rank": slow[0], "slow_s": slow[1], "seconds": seconds})
 
 
