@@ -12,6 +12,7 @@ import socket
 import sys
 import textwrap
 import threading
+import time
 from dataclasses import dataclass, field
 
 from common import devices, flight, network, teardown, watchdog, world
@@ -27,12 +28,26 @@ def env_rank():
     return 0
 
 
+REFUSAL_WAIT_S = 3.0  # the most a rank waits for rank 0's one line on bad flags
+
+
 class LessonParser(argparse.ArgumentParser):
     """argparse that answers bad input with one line, from rank 0 only, and exit status 2."""
 
     def error(self, message):
+        # the other ranks leave only once rank 0 has said why: a rank that exits first makes Open MPI's
+        # launcher end the run, and rank 0's line was lost so (1 run in ~700 under load in CI)
+        said = os.path.join(os.environ.get("TUTOR_RUN_DIR", ""), "refused") if os.environ.get(
+            "TUTOR_RUN_DIR") else None
         if env_rank() == 0:
             print(f"{self.prog}: {message}", file=sys.stderr, flush=True)
+            if said:
+                with open(said, "w") as f:
+                    f.write(message)
+        else:
+            deadline = time.monotonic() + (REFUSAL_WAIT_S if said else 0.3)
+            while time.monotonic() < deadline and not (said and os.path.exists(said)):
+                time.sleep(0.02)
         sys.exit(2)
 
 

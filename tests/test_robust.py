@@ -265,3 +265,20 @@ def test_the_rank_a_signal_killed_is_told_from_the_statuses(statuses, expected):
     out = launch.Outcome(rc=9, seconds=0.1, tail=banner, pids={0: 10, 1: 11, 2: 12}, statuses=statuses)
     said = engine.killed_rank(out)
     assert said == expected if expected is None else said.startswith(expected), said
+
+
+def test_on_bad_flags_the_other_ranks_leave_only_after_rank_0_said_why(tmp_path):
+    """A rank that exits before rank 0 has printed its one line lets Open MPI's launcher end the run
+    first, and the line was lost (CI, 1 run in ~700): rank 0 leaves a mark once it has said it, and
+    the others wait for that mark (at most bootstrap.REFUSAL_WAIT_S) before they exit 2."""
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from common import bootstrap; "
+            "p = bootstrap.LessonParser(prog='x'); p.add_argument('--count', type=int); "
+            "p.parse_args(['--count', 'many'])")
+    env = {**os.environ, "TUTOR_RUN_DIR": str(tmp_path), "PMI_RANK": "1"}
+    other = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    assert other.poll() is None, "rank 1 left before rank 0 said why"
+    first = subprocess.run([sys.executable, "-c", code], env={**env, "PMI_RANK": "0"}, capture_output=True,
+                           text=True, timeout=30)
+    assert first.returncode == 2 and "x: argument --count: invalid int value: 'many'" in first.stderr
+    assert other.wait(timeout=5) == 2 and other.stderr.read() == ""  # one line, from rank 0 only
