@@ -206,8 +206,9 @@ def test_a_session_folder_a_killed_launcher_left_never_stops_a_later_run(tmp_pat
         stale.mkdir()
         for name in (f"pmix.{host}.tool", f"pmix.{host}.tool.{pid}", f"pmix.{host}.tool.prterun-{host}-{pid}@0"):
             (stale / name).write_text("left by a killed run\n")
+    # one write a rank (print's pieces are writes of their own: two ranks' split and interleaved once)
     probe = ("import os; t, r = os.environ['TMPDIR'], os.environ['TUTOR_RUN_DIR']; "
-             "print('tmp-in-run-folder', t.startswith(r + os.sep) and os.path.isdir(t))")
+             "os.write(1, f'tmp-in-run-folder {t.startswith(r + os.sep) and os.path.isdir(t)}\\n'.encode())")
     cmd = [*launch.mpiexec(2), "-n", "2", launchers.python(), "-c", probe]
     out = launch.run(cmd, timeout=60, echo=False, env={"TMPDIR": str(tmp_path)})
     said = "\n".join(out.tail)
