@@ -37,8 +37,8 @@ class LessonParser(argparse.ArgumentParser):
     def error(self, message):
         # the other ranks leave only once rank 0 has said why: a rank that exits first makes Open MPI's
         # launcher end the run, and rank 0's line was lost so (1 run in ~700 under load in CI)
-        said = os.path.join(os.environ.get("TUTOR_RUN_DIR", ""), "refused") if os.environ.get(
-            "TUTOR_RUN_DIR") else None
+        run_dir = os.environ.get("TUTOR_RUN_DIR")
+        said = os.path.join(run_dir, "refused") if run_dir else None
         if env_rank() == 0:
             print(f"{self.prog}: {message}", file=sys.stderr, flush=True)
             if said:
