@@ -177,16 +177,21 @@ def torch_library(ctx):
     def zeros(count, like):
         return torch.zeros(count, dtype=like.dtype, device=like.device)
 
+    # torch 2.13 names the one-tensor forms *_single (its *_tensor names warn, deprecated); a site's
+    # older torch (TUTOR_PYTHON; 2.11 on the GPU node this kit first ran on) has only *_tensor
+    rs_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    ag_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
     def reduce_scatter(out, inp, counts):
         if not max(counts, default=0):
             return  # gloo rejects empty tensors; there is nothing to reduce
         if _even(counts):
-            dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM)  # torch 2.13's reduce_scatter_tensor
+            rs_single(out, inp, op=dist.ReduceOp.SUM)
         else:
             dist.reduce_scatter(out, list(inp.split(counts)), op=dist.ReduceOp.SUM)
 
     def ag_even(out, inp, count):
-        dist.all_gather_single(out, inp)  # torch 2.13's all_gather_into_tensor
+        ag_single(out, inp)
 
     def all_gather(out, inp, counts):
         if not max(counts, default=0):

@@ -5,7 +5,9 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT, dollar_line
+import pytest
+
+from conftest import ROOT, dollar_line, tutor
 
 BIN = os.path.dirname(sys.executable)  # the tests' Python (a venv's, or your own) plays the site's
 
@@ -103,3 +105,27 @@ def test_switching_mpi_makes_the_venv_anew(tmp_path):
     bad = subprocess.run(["make", "-n", "setup", "MPI=lam"], cwd=kit, env=clean_env(), capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode != 0 and "MPI=lam: choose mpich or openmpi" in bad.stderr
+
+
+OLDER_TORCH = '''# a site's torch before 2.13: no all_gather_single / reduce_scatter_single (only the *_tensor names)
+import torch.distributed as dist
+for name in ("all_gather_single", "reduce_scatter_single"):
+    if hasattr(dist, name):
+        delattr(dist, name)
+'''
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("lesson", ["09", "11"])  # 10 is left out: the pinned torch
+# calls all_gather_single inside fully_shard, so the stand-in breaks torch itself there
+def test_a_site_torch_older_than_2_13_runs_the_library_halves(tmp_path, lesson):
+    """The GPU node's own torch (2.11) had no *_single calls: lessons 09-11 crashed on it with an
+    AttributeError. With those names taken out of the pinned torch, the library's halves still run."""
+    (tmp_path / "sitecustomize.py").write_text(OLDER_TORCH)
+    env = {"PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    probe = subprocess.run([sys.executable, "-c", "import torch.distributed as d; print(hasattr(d, "
+                            "'all_gather_single'), hasattr(d, 'all_gather_into_tensor'))"],
+                           env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.split() == ["False", "True"], probe.stdout + probe.stderr  # the stand-in holds
+    proc = tutor("run", lesson, "-n", "2", "--api", "torch", "--device", "cpu", env=env, timeout=240)
+    assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
