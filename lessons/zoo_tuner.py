@@ -112,10 +112,13 @@ def show_race(ctx, args, table, race, overhead):
     print("switch table (fastest measured per size): " + switch_points(table))
     for line in library_words(ctx):
         print(wrapped(line))
-    print(f"redop {race[0]['redop'] if race else 'sum'} (nccl-tests' column, the same on every row)")
-    print(report.table(["size B", "count", "type", "algo", "time us", "algbw", "busbw",
+    # type and redop are nccl-tests' columns too, but one value for the whole race: said once, so that
+    # the rows fit 100 columns with rabenseifner's name and a GPU's 4-digit algbw
+    same = race[0] if race else {"type": args.dtype, "redop": "sum"}
+    print(f"type {same['type']}, redop {same['redop']} (nccl-tests' columns, the same on every row)")
+    print(report.table(["size B", "count", "algo", "time us", "algbw", "busbw",
                         "lib us", "lib busbw", "#wrong", "lib/tuned"],
-                       [(r["size"], r["count"], r["type"], r["chosen"],
+                       [(r["size"], r["count"], r["chosen"],
                          round(r["tuned_us"], 1), round(r["algbw"], 3), round(r["busbw"], 3),
                          round(r["lib_us"], 1), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
                         for r in race]))
