@@ -250,7 +250,9 @@ def test_ctrl_z_stops_the_run_with_the_runner_and_fg_continues_it():
 
 def test_a_rank_stopped_with_sigstop_is_named_in_the_timeout_report(tmp_path):
     mark = uuid.uuid4().hex
-    proc = _hung(mark, "--timeout", "15", tmpdir=tmp_path)
+    # --device cpu: on a GPU node, auto's probe of the GPUs (a collective of its own, seconds long) was
+    # still under way when rank 1 stopped, and rank 0 was rightly named in choose_gpu()
+    proc = _hung(mark, "--timeout", "15", "--device", "cpu", tmpdir=tmp_path)
     try:
         pid_file, deadline = None, time.monotonic() + 12
         while not pid_file and time.monotonic() < deadline:  # rank 1 has joined MPI: it wrote its pid
