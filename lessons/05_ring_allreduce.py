@@ -364,6 +364,9 @@ def main():
         big = rows[-1]
         summary = {"race": rows, "alpha_us": alpha * 1e6, "busbw_ring_GBps": big["ring_busbw"],
                    "busbw_lib_GBps": big["lib_busbw"], "race_wrong": sum(r["wrong"] for r in rows)}
+    elif not args.no_race and ctx.rank == 0:  # one rank: said, not skipped in silence (--bench asked it)
+        print(f"\nno race on one rank: its ring sends nothing and busbw's 2(N-1)/N is 0"
+              f"{'; --bench' if args.bench else '; the race'} needs -n 2 or more", flush=True)
     report.finish(ctx, {"runs": runs, "comm": counts}, summary=summary, params=params)
 
 

@@ -124,3 +124,22 @@ def test_the_small_nps_keep_a_degenerate_world_and_an_odd_one():
 
 def test_every_lesson_has_valid_yaml():
     assert not BROKEN, "\n".join(p.values[0] for p in BROKEN)
+
+
+@pytest.mark.parametrize("extra, said", [([], "; the race needs -n 2 or more"),
+                                         (["--", "--bench"], "; --bench needs -n 2 or more")])
+def test_lesson_05_on_one_rank_says_why_there_is_no_race(extra, said):
+    """On the GPU node, `run 05 -n 1 -- --bench` (what a one-GPU learner types) printed no race and no
+    word why."""
+    proc = tutor("run", "05", "-n", "1", "--device", "cpu", *extra, timeout=120)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("no race on one rank")]
+    assert proc.returncode == 0 and lines == [
+        "no race on one rank: its ring sends nothing and busbw's 2(N-1)/N is 0" + said], proc.stdout
+
+
+def test_lesson_07_on_one_rank_reads_no_switch_points_from_empty_schedules():
+    """On the GPU node at -n 1 it printed 'switch table (fastest measured per size): <= 64K: dbt, else
+    ring', a choice among algorithms that each moved nothing."""
+    proc = tutor("run", "07", "-n", "1", "--device", "cpu", timeout=120)
+    assert proc.returncode == 0 and "switch table" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("one rank: every algorithm's schedule is empty") == 1, proc.stdout
