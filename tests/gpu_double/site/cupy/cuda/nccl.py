@@ -182,13 +182,36 @@ def _enqueue(stream, ops, written, grouped):
         alloc.stream, alloc.seq = stream, n
 
 
+def _bytes(a):
+    """a, or a view of its bytes where this MPI library has no datatype for a's (float16 where mpi4py is
+    built on an MPI without MPIX_C_FLOAT16, as Debian's Open MPI 4.1): NCCL moves every type."""
+    from mpi4py import MPI
+    return a if a is None or a.dtype.char in MPI._typedict else a.view(np.uint8)
+
+
+def _reduced(comm, src, op):
+    """Every rank's src reduced by `op` (an MPI op) in NumPy, rank after rank: for a type that this MPI
+    library cannot reduce (float16 where it has no MPIX_C_FLOAT16), as NCCL can."""
+    from mpi4py import MPI
+    parts = np.empty((comm.Get_size(), src.nbytes), np.uint8)
+    comm.Allgather(np.ascontiguousarray(src).view(np.uint8).reshape(-1), parts)
+    parts = parts.view(src.dtype).reshape(comm.Get_size(), *src.shape)
+    ufunc = next(f for o, f in ((MPI.SUM, np.add), (MPI.PROD, np.multiply), (MPI.MAX, np.maximum),
+                                (MPI.MIN, np.minimum)) if o == op)
+    out = parts[0].copy()
+    for part in parts[1:]:
+        out = ufunc(out, part)
+    return out
+
+
 def _execute(ops, grouped):
     """Run queued NCCL work over MPI: grouped sends and receives all in flight at once, then collectives."""
     from mpi4py import MPI
     if not grouped:
         kind, comm, a, b = ops[0]
-        return comm.Ssend(a, dest=b) if kind == "send" else comm.Recv(a, source=b) if kind == "recv" else a()
-    reqs = [comm.Isend(a, dest=b) if kind == "send" else comm.Irecv(a, source=b)
+        return (comm.Ssend(_bytes(a), dest=b) if kind == "send" else comm.Recv(_bytes(a), source=b)
+                if kind == "recv" else a())
+    reqs = [comm.Isend(_bytes(a), dest=b) if kind == "send" else comm.Irecv(_bytes(a), source=b)
             for kind, comm, a, b in ops if kind in ("send", "recv")]
     MPI.Request.Waitall(reqs)
     for kind, _, run, _ in ops:
@@ -339,7 +362,10 @@ class NcclCommunicator:
         dst = self._buf(call, s, recvbuf, count, datatype, out)
 
         def run():
-            self._comm.Allreduce(np.array(src), dst, op=mpi_op)  # a copy: in place is safe
+            if _bytes(src) is src:
+                self._comm.Allreduce(np.array(src), dst, op=mpi_op)  # a copy: in place is safe
+            else:
+                dst[...] = _reduced(self._comm, src, mpi_op)
             avg and self._average(dst)
         self._collective(s, run, out)
 
@@ -352,7 +378,12 @@ class NcclCommunicator:
         dst = self._buf(call, s, recvbuf, count, datatype, out) if self._rank == root else None
 
         def run():  # recvbuf is used on the root only, as in NCCL
-            self._comm.Reduce(np.array(src), dst, op=mpi_op, root=root)
+            if _bytes(src) is src:
+                self._comm.Reduce(np.array(src), dst, op=mpi_op, root=root)
+            else:  # every rank reduces; the root keeps it
+                whole = _reduced(self._comm, src, mpi_op)
+                if dst is not None:
+                    dst[...] = whole
             avg and dst is not None and self._average(dst)
         self._collective(s, run, out)
 
@@ -361,7 +392,7 @@ class NcclCommunicator:
         call, s, out = "bcast", self._stream_of("bcast", stream), []
         root = self._rank_arg(call, "root", root)
         buf = self._buf(call, s, buff, count, datatype, out if self._rank != root else None)
-        self._collective(s, lambda: self._comm.Bcast(buf, root=root), out)
+        self._collective(s, lambda: self._comm.Bcast(_bytes(buf), root=root), out)
 
     @checked(_real.NcclCommunicator.broadcast)
     def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
@@ -373,7 +404,7 @@ class NcclCommunicator:
         def run():  # sendbuff is used on the root only
             if src is not None:
                 dst[...] = src
-            self._comm.Bcast(dst, root=root)
+            self._comm.Bcast(_bytes(dst), root=root)
         self._collective(s, run, out)
 
     @checked(_real.NcclCommunicator.allGather)
@@ -381,7 +412,7 @@ class NcclCommunicator:
         call, s, out = "allGather", self._stream_of("allGather", stream), []
         src = self._buf(call, s, sendbuf, count, datatype)
         dst = self._buf(call, s, recvbuf, count * self._size, datatype, out)
-        self._collective(s, lambda: self._comm.Allgather(np.array(src), dst), out)
+        self._collective(s, lambda: self._comm.Allgather(_bytes(np.array(src)), _bytes(dst)), out)
 
     @checked(_real.NcclCommunicator.reduceScatter)
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
@@ -391,7 +422,10 @@ class NcclCommunicator:
         dst = self._buf(call, s, recvbuf, recvcount, datatype, out)
 
         def run():
-            self._comm.Reduce_scatter_block(np.array(src), dst, op=mpi_op)
+            if _bytes(src) is src:
+                self._comm.Reduce_scatter_block(np.array(src), dst, op=mpi_op)
+            else:
+                dst[...] = _reduced(self._comm, src, mpi_op).reshape(self._size, -1)[self._rank]
             avg and self._average(dst)
         self._collective(s, run, out)
 
