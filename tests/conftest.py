@@ -1,6 +1,7 @@
 """Shared test helpers: the typer app, a subprocess runner with a timeout, a leftover-process finder.
 
-No test module initialises MPI in the pytest process: every MPI run is a subprocess under mpiexec.
+No test module initialises MPI in the pytest process (mpi4py.rc below): every MPI run is a subprocess
+under mpiexec.
 """
 import atexit
 import importlib.machinery
@@ -13,6 +14,16 @@ import sys
 import tempfile
 
 import pytest
+
+# A test that imports mpi4py.MPI in the pytest process (a lesson's helper asking the library's name)
+# must not start MPI there: a singleton Open MPI 4 sets OMPI_*/PMIX_* in the C environment, and every
+# launcher a later test starts inherits them and fails at once, saying nothing (exit 1). MPI calls that
+# are valid before MPI_Init (the library's version) still answer.
+try:
+    import mpi4py
+    mpi4py.rc.initialize = mpi4py.rc.finalize = False
+except ImportError:
+    pass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
