@@ -106,6 +106,9 @@ def test_closing_the_terminal_ends_every_process_of_the_run(tmp_path):
     env = {**os.environ, **FIX, "TMPDIR": str(tmpdir), "TUTOR_TEST_MARK": mark}
     pid, terminal = pty.fork()
     if pid == 0:  # the child: the runner, in a session whose controlling terminal is the pty
+        # as a terminal starts it: a suite run under nohup (SIGHUP ignored, inherited) made the runner
+        # ignore the hang-up, as it rightly does for a nohup'd run, and time out instead
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         os.execve(sys.executable, [sys.executable, TUTOR, "run", "4", "-n", "2", "--timeout", "60"], env)
     try:
         deadline = time.monotonic() + 30
