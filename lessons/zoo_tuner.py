@@ -118,8 +118,7 @@ def show_race(ctx, args, table, race, overhead):
         print(wrapped(line))
     # type and redop are nccl-tests' columns too, but one value for the whole race: said once, so that
     # the rows fit 100 columns with rabenseifner's name and a GPU's 4-digit algbw
-    same = race[0] if race else {"type": args.dtype, "redop": "sum"}
-    print(f"type {same['type']}, redop {same['redop']} (nccl-tests' columns, the same on every row)")
+    print(f"type {args.dtype}, redop sum (nccl-tests' columns, the same on every row)")
     print(report.table(["size B", "count", "algo", "time us", "algbw", "busbw",
                         "lib us", "lib busbw", "#wrong", "lib/tuned"],
                        [(r["size"], r["count"], r["chosen"],

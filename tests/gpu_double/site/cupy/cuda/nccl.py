@@ -182,16 +182,21 @@ def _enqueue(stream, ops, written, grouped):
         alloc.stream, alloc.seq = stream, n
 
 
-def _bytes(a):
-    """a, or a view of its bytes where this MPI library has no datatype for a's (float16 where mpi4py is
-    built on an MPI without MPIX_C_FLOAT16, as Debian's Open MPI 4.1): NCCL moves every type."""
+def _mpi_has(dtype):
+    """Whether this MPI library has a datatype for `dtype`: float16 has none where mpi4py is built on an
+    MPI without MPIX_C_FLOAT16 (Debian's Open MPI 4.1), and NCCL moves and reduces every type."""
     from mpi4py import MPI
-    return a if a is None or a.dtype.char in MPI._typedict else a.view(np.uint8)
+    return dtype.char in MPI._typedict
+
+
+def _bytes(a):
+    """a, or a view of its bytes where this MPI library has no datatype for it."""
+    return a if _mpi_has(a.dtype) else a.view(np.uint8)
 
 
 def _reduced(comm, src, op):
-    """Every rank's src reduced by `op` (an MPI op) in NumPy, rank after rank: for a type that this MPI
-    library cannot reduce (float16 where it has no MPIX_C_FLOAT16), as NCCL can."""
+    """Every rank's src reduced by `op` (an MPI op) in NumPy, rank after rank: for a type this MPI library
+    has no datatype for."""
     from mpi4py import MPI
     parts = np.empty((comm.Get_size(), src.nbytes), np.uint8)
     comm.Allgather(np.ascontiguousarray(src).view(np.uint8).reshape(-1), parts)
@@ -362,7 +367,7 @@ class NcclCommunicator:
         dst = self._buf(call, s, recvbuf, count, datatype, out)
 
         def run():
-            if _bytes(src) is src:
+            if _mpi_has(src.dtype):
                 self._comm.Allreduce(np.array(src), dst, op=mpi_op)  # a copy: in place is safe
             else:
                 dst[...] = _reduced(self._comm, src, mpi_op)
@@ -378,7 +383,7 @@ class NcclCommunicator:
         dst = self._buf(call, s, recvbuf, count, datatype, out) if self._rank == root else None
 
         def run():  # recvbuf is used on the root only, as in NCCL
-            if _bytes(src) is src:
+            if _mpi_has(src.dtype):
                 self._comm.Reduce(np.array(src), dst, op=mpi_op, root=root)
             else:  # every rank reduces; the root keeps it
                 whole = _reduced(self._comm, src, mpi_op)
@@ -422,7 +427,7 @@ class NcclCommunicator:
         dst = self._buf(call, s, recvbuf, recvcount, datatype, out)
 
         def run():
-            if _bytes(src) is src:
+            if _mpi_has(src.dtype):
                 self._comm.Reduce_scatter_block(np.array(src), dst, op=mpi_op)
             else:
                 dst[...] = _reduced(self._comm, src, mpi_op).reshape(self._size, -1)[self._rank]
