@@ -138,9 +138,11 @@ def end_torch():
         dist.destroy_process_group()
 
 
-def start(file, parser, argv=None, uses_torch=False):
+def start(file, parser, argv=None, uses_torch=False, outputs=None):
     """Parse flags, join the MPI world, agree on a device, and set up the chosen API. Collective.
-    uses_torch: the lesson computes with torch on the GPU even on --api mpi4py (its probe covers torch)."""
+    uses_torch: the lesson computes with torch on the GPU even on --api mpi4py (its probe covers torch).
+    outputs: {"--csv": "CSV", "--plot": "PNG", ...}, the lesson's file flags: a path given that cannot
+    take a new file (a file the kit did not write, no such folder) is refused in one line, before any work."""
     args = parser.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -152,6 +154,9 @@ def start(file, parser, argv=None, uses_torch=False):
               world_size=comm.size, local_rank=local.rank, local_size=local.size, host=hosts[comm.rank],
               api=args.api, device="cpu", transport="", why="", json_path=args.json,
               single_node=len(set(hosts)) == 1)
+    refused = unwritable(args, outputs or {})
+    if refused:
+        ctx.fail(refused)
     ready, why, seen = choose_gpu(ctx, args, local, uses_torch)
     local.Free()
     missing = [r for r in comm.allgather(None if ready else why) if r is not None]
@@ -265,6 +270,18 @@ def nccl_comm(comm, log=None):
     if log:
         log(f"got the unique id over MPI ({type(uid).__name__}, {len(uid)} items), joining NCCL")
     return nccl.NcclCommunicator(comm.size, uid, comm.rank)
+
+
+def unwritable(args, outputs):
+    """'--csv r.csv: exists and is not a CSV the tutor wrote; left alone' for the first of the file
+    flags given whose path cannot take a new file, or None. outputs: {flag: "CSV" or "PNG"}."""
+    from common import guard, plot
+    for flag, kind in outputs.items():
+        path = getattr(args, flag.lstrip("-").replace("-", "_"))
+        problem = path and (plot.cannot_write(path) if kind == "PNG" else guard.refusal(path, kind))
+        if problem:
+            return f"{flag} {problem}"
+    return None
 
 
 def lesson_module(number):

@@ -30,6 +30,9 @@ import types
 
 from common import buffers, recorded, timing
 
+# the library's all-reduce, in its own words, by transport: what a hand-made all-reduce races against
+ALLREDUCE_NAME = {"mpi": "MPI_Allreduce", "gloo": "gloo all_reduce", "nccl": "ncclAllReduce"}
+
 
 def bounds(counts):
     """[(start, stop)] of each rank's block: block r is items sum(counts[:r]) .. sum(counts[:r+1])."""

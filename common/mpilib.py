@@ -13,7 +13,7 @@ NUL for Open MPI 5. A name printed from it is one line, printable, within 100 co
 import re
 from dataclasses import dataclass
 
-WIDTH = 100
+from common.text import WIDTH
 
 
 @dataclass(frozen=True)

@@ -40,3 +40,21 @@ def deadline(seconds):
     """A function that says how many seconds are left (<= 0 once the deadline has passed)."""
     end = time.monotonic() + seconds
     return lambda: end - time.monotonic()
+
+
+BATCHES = 3  # best_of: the best of this many interleaved batches
+
+
+def best_of(ctx, be, fns, warmup, iters, spread=None):
+    """{name: seconds}: each fn timed in BATCHES interleaved batches (bandwidth.time_op: the slowest
+    rank's mean), the best batch kept, so a burst of load from elsewhere hits every contender alike.
+    If `spread` is a dict it gets each name's slowest minus fastest batch: how much this run's own
+    timings wander (a difference smaller than that is noise)."""
+    from common import bandwidth  # bandwidth reads its clocks through this module
+    batches = {name: [] for name in fns}
+    for b in range(BATCHES):
+        for name, fn in fns.items():
+            batches[name].append(bandwidth.time_op(ctx.comm, fn, warmup if b == 0 else 0, iters, be.sync))
+    if spread is not None:
+        spread.update({name: max(ts) - min(ts) for name, ts in batches.items()})
+    return {name: min(ts) for name, ts in batches.items()}

@@ -59,8 +59,8 @@ The full sweep is a benchmark (minutes on a small machine): run it raw, or give 
   on one count as run, ranks down, rounds across; --json PATH keeps each rank's counted messages)
 
 Where the rest is: this file holds the idea you write (Rabenseifner's halving, the tuner's pick), the
-checks of section 1 and main(). lessons/zoo_schedules.py holds the other schedules and the executor,
-lessons/zoo_model.py the model and its measurement (section 2), lessons/zoo_tuner.py the race (section 3).
+checks of section 1 and main(). lessons/allreduce_algorithms/schedules.py holds the other schedules and the executor,
+allreduce_algorithms/model.py the model and its measurement (section 2), allreduce_algorithms/tuner.py the race (section 3).
 """
 import argparse
 import math
@@ -71,11 +71,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, counting, guard, p2p, plot, report, shards  # noqa: E402
-from lessons.zoo_model import (KMAX, best_of, dbt_chunks, iterations, measure_model, predict,  # noqa: E402
+from common.timing import best_of  # noqa: E402
+from lessons.allreduce_algorithms.model import (KMAX, dbt_chunks, iterations, measure_model, predict,  # noqa: E402
                                round_overhead, show_model, wrapped)
-from lessons.zoo_schedules import (checked_plan, dbt_depth, dbt_schedule, fold, pre_post,  # noqa: E402
+from lessons.allreduce_algorithms.schedules import (checked_plan, dbt_depth, dbt_schedule, fold, pre_post,  # noqa: E402
                                    rd_schedule, ring_schedule, to_real, to_virtual, tree_schedule)
-from lessons.zoo_tuner import show_race, switch_points, tuned_race  # noqa: E402
+from lessons.allreduce_algorithms.tuner import show_race, switch_points, tuned_race  # noqa: E402
 
 ALGOS = ("tree", "rd", "rabenseifner", "ring", "dbt")
 DTYPES = ("float32", "float64", "int32")
@@ -94,7 +95,7 @@ def name_list(text, allowed, what):
     return items
 
 
-# ---- the schedules (lessons/zoo_schedules.py holds the others): a round is (sends, recvs) ----------
+# ---- the schedules (lessons/allreduce_algorithms/schedules.py holds the others): a round is (sends, recvs) ----------
 # sends: [(lo, hi, peer)]; recvs: [(lo, hi, peer, "add" | "copy")]. Every rank gets the same number
 # of rounds (some empty), so the ranks stay in step.
 
@@ -225,7 +226,7 @@ def draw_rounds(ctx, args, traces, count):
                                 f"ranks, api {ctx.api} ({ctx.transport})"), flush=True)
 
 
-# ---- section 3: the tuner (lessons/zoo_tuner.py races it) ------------------------------------------
+# ---- section 3: the tuner (allreduce_algorithms/tuner.py races it) ------------------------------------------
 
 def switch_table(times):
     """[(size, algo)]: at every measured size the fastest algorithm (times: {size: {algo: s}})."""

@@ -46,8 +46,7 @@ import textwrap
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bandwidth, bootstrap, buffers, collectives, counting, p2p, report, shards  # noqa: E402
-from lessons import zoo_model  # noqa: E402  (lesson 07's timing rule: best of batches, and their spread)
+from common import bandwidth, bootstrap, buffers, collectives, counting, p2p, report, shards, timing  # noqa: E402
 
 SEED = 9                  # rank r's data comes from seed SEED + r
 DTYPES = ("float32", "float64", "int32")
@@ -251,7 +250,7 @@ def halves_make_whole(ctx, args, be, library, pick):
          "lib_rs_ag": lambda: (library.reduce_scatter(mine, x, counts), library.all_gather(out, mine, counts)),
          "lib_allreduce": lambda: raw.allreduce(whole)}
     spread = {}  # lesson 07's rule: best of interleaved batches, and how far this run's batches wander
-    secs = zoo_model.best_of(ctx, raw, t, pick["warmup"], pick["iters"], spread)
+    secs = timing.best_of(ctx, raw, t, pick["warmup"], pick["iters"], spread)
     return {"ar_count": args.ar_count, "wrong": bad, "rs_ag_bytes": sent["rs+ag"],
             "ring_bytes": sent["ring 05"], "rs_ag_total": ctx.comm.allreduce(sent["rs+ag"]),
             "ring_total": ctx.comm.allreduce(sent["ring 05"]), "lib_wire": wire,
@@ -270,7 +269,7 @@ def halves_verdict(w):
     gap = w["lib_rs_ag_us"] - w["lib_allreduce_us"]
     noise = max(w["lib_rs_ag_noise_us"], w["lib_allreduce_noise_us"])
     said = (f"RS + AG {w['lib_rs_ag_us']:.1f} us, all-reduce {w['lib_allreduce_us']:.1f} us, noise {noise:.1f} us "
-            f"(the larger spread between one call's {zoo_model.BATCHES} batches): ")
+            f"(the larger spread between one call's {timing.BATCHES} batches): ")
     if abs(gap) <= noise:
         return said + "a tie within this run's noise"
     return said + ("the one call beats its halves called apart" if gap > 0 else "the halves beat the one call")
@@ -295,7 +294,7 @@ def show_whole(ctx, whole, itemsize):
                         ["library all-reduce", lib_ar, "-", round(w["lib_allreduce_us"], 1), "-"]],
                        align=[0, 0, 1, 1, 1]))
     print(f"all ranks: 2(N-1) x {size} B = {2 * (n - 1) * size} B, both ways: the ring is the two halves\n"
-          f"time: best of {zoo_model.BATCHES} interleaved batches (the slowest rank's mean of each)")
+          f"time: best of {timing.BATCHES} interleaved batches (the slowest rank's mean of each)")
     if wire:
         print(wrapped(f"library bytes: measured, what each rank wrote to its sockets in one call (headers "
                       f"included): reduce-scatter {wire['reduce_scatter']} B, all-gather {wire['all_gather']} B, "

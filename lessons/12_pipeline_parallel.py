@@ -21,7 +21,7 @@ The loss is the sum over the whole batch of |y - t|^2, divided by B (the whole b
 micro-batch): so each micro-batch's gradients are already its share, and a stage adds them up
 (accumulates) over the m micro-batches to get the whole batch's gradient.
 
-The schedule is pure (lessons/pipe_schedules.py, as lesson 07's): from every stage's order of ops it
+The schedule is pure (lessons/pipeline_parallel/schedules.py, as lesson 07's): from every stage's order of ops it
 places each op at the earliest tick its inputs allow, which gives a rank x tick grid, and the messages
 of every tick. Every rank computes every stage's, and checks that every send meets its receive in the
 same tick, before anything runs: a broken order (a backward before its forward) stops every rank with
@@ -80,7 +80,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import bootstrap, buffers, counting, p2p, report, shards, timing  # noqa: E402
-from lessons.pipe_schedules import ScheduleError, bubble, plan, render  # noqa: E402
+from lessons.pipeline_parallel.schedules import ScheduleError, bubble, plan, render  # noqa: E402
 
 IN_WIDTH, OUT_WIDTH = 6, 3  # the model's input and output widths
 HIDDEN = 32               # every other width: what an activation message carries per row

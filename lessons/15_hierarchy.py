@@ -29,7 +29,7 @@ The test bed's "network" (bin/tutor testbed): two network namespaces joined by v
 bridge, in one kernel. No NIC, no InfiniBand; its bandwidth is this machine's memory and CPU. Pretend
 nodes share one transport inside and across: there only counts and steps differ, not the network.
 
-Read after: lessons/hier_reference.py, what the checks hold the lesson to (where ranks really run,
+Read after: lessons/hierarchy/reference.py, what the checks hold the lesson to (where ranks really run,
 the routing and its one-process reference).
 
 Run it:
@@ -45,9 +45,8 @@ import textwrap
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bandwidth, bootstrap, buffers, p2p, report, shards, subgroups  # noqa: E402
-from lessons import zoo_model  # noqa: E402  (lesson 07's timing rule: best of batches, and their spread)
-from lessons.hier_reference import (DMODEL, EXPERTS, TOKENS, TOPK, delivered, moe_one_process,  # noqa: E402
+from common import bandwidth, bootstrap, buffers, p2p, report, shards, subgroups, timing  # noqa: E402
+from lessons.hierarchy.reference import (DMODEL, EXPERTS, TOKENS, TOPK, delivered, moe_one_process,  # noqa: E402
                                     moe_tokens, placement_of, pretend_node, route, row, truth)
 
 five, nine = bootstrap.lesson_module("05"), bootstrap.lesson_module("09")
@@ -258,7 +257,7 @@ def race(ctx, args, lay, raw, pick, sweep):
         bad = {name: ctx.comm.allreduce(int((np.abs(buffers.to_host(b).astype(np.float64) - want)
                                              > tol * np.abs(want)).sum())) for name, b in bufs.items()}
         spread = {}
-        secs = zoo_model.best_of(ctx, raw[2], fns, pick["warmup"], pick["iters"], spread)
+        secs = timing.best_of(ctx, raw[2], fns, pick["warmup"], pick["iters"], spread)
         for name, t in secs.items():
             rows.append({"size": count * itemsize, "count": count, "type": args.dtype, "redop": "sum",
                          "algo": name, "time_us": t * 1e6, "algbw": bandwidth.algbw(count * itemsize, t),
@@ -275,7 +274,7 @@ def race_verdict(rows, lay, sums, transport):
     flat_t, two_t = t["flat ring"]["time_us"], t["two levels"]["time_us"]
     noise = max(t["flat ring"]["noise_us"], t["two levels"]["noise_us"])
     said = (f"at {big} B: flat ring {flat_t:.1f} us, two levels {two_t:.1f} us, noise {noise:.1f} us "
-            f"(the larger spread of {zoo_model.BATCHES} batches): ")
+            f"(the larger spread of {timing.BATCHES} batches): ")
     if abs(flat_t - two_t) <= noise:
         return said + "a tie within this run's noise"
     faster = "two levels beat the flat ring" if two_t < flat_t else "the flat ring beat two levels"
@@ -297,7 +296,7 @@ def race_verdict(rows, lay, sums, transport):
 def show_race(ctx, rows, lay, sums, pick):
     if ctx.rank:
         return
-    print(f"time: best of {zoo_model.BATCHES} batches, each the slowest rank's mean of {pick['iters']}; "
+    print(f"time: best of {timing.BATCHES} batches, each the slowest rank's mean of {pick['iters']}; "
           "busbw = algbw x 2(N-1)/N\nvs flat: the flat ring's time / this one's; #wrong: items off "
           "the library's by > 2(N-1) x eps")
     print(report.table(["size B", "count", "type", "redop", "algorithm", "time us", "algbw", "busbw",

@@ -6,7 +6,7 @@ from data sheets (NVLink per GPU, one NIC per GPU or a few per node), take ONE p
 (what NCCL gets out of a link: 370 of NVLink 4's 450 GB/s, said by NCCL's maintainer), and the
 ring's busbw on a cluster is the slowest link class it crosses: inside a node the GPU's NVLink,
 across nodes the node's NICs shared by its rings. Nothing is fitted to the figures it is checked
-against; the published figures come with the address where they were read (lessons/scale_model.py).
+against; the published figures come with the address where they were read (lessons/scale_on_paper/links.py).
 
 What to watch for:
   * section 1: the link classes, then predicted / published / ratio / source for seven all-reduce
@@ -32,8 +32,8 @@ What to watch for:
 Run it:
   make lesson-16 NP=2                 (ARGS="--nodes 16 --nic-Gbps 200 --nics-per-node 4")
   .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py lessons/16_scale_on_paper.py --api mpi4py
-Read after it: lessons/scale_model.py (links, prices, the figures), lessons/scale_step.py (the step),
-lessons/scale_dry.py (the dry run).
+Read after it: lessons/scale_on_paper/links.py (links, prices, the figures), lessons/scale_on_paper/step.py (the step),
+lessons/scale_on_paper/dry.py (the dry run).
 """
 import os
 import sys
@@ -42,10 +42,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, p2p, report  # noqa: E402
-from lessons import scale_dry, scale_model as sm  # noqa: E402
-from lessons import scale_step as st  # noqa: E402
-from lessons.zoo_model import best_of, measure_model, predict, wrapped  # noqa: E402
-from lessons.zoo_schedules import checked_plan, ring_schedule  # noqa: E402
+from common.timing import best_of  # noqa: E402
+from lessons.allreduce_algorithms.model import measure_model, predict, wrapped  # noqa: E402
+from lessons.allreduce_algorithms.schedules import checked_plan, ring_schedule  # noqa: E402
+from lessons.scale_on_paper import dry as scale_dry, links as sm, step as st  # noqa: E402
 
 WORLDS = (8, 64, 1024)       # GPUs in section 2's table
 DRY_WORLD = 1024             # the dry run's world size

@@ -1,4 +1,4 @@
-"""Lesson 07 and its modules (lessons/zoo_schedules.py, zoo_model.py, zoo_tuner.py) in one process (no
+"""Lesson 07 and its modules (lessons/allreduce_algorithms/: schedules, model, tuner) in one process (no
 MPI): every schedule's sums, matching messages, closed forms, the double binary tree's shape, the TRG
 formulas, the reasons the model misses, and the tuner's switch table."""
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import load_lesson
-from lessons import zoo_model as costs, zoo_schedules as sched, zoo_tuner as tuner
+from lessons.allreduce_algorithms import model as costs, schedules as sched, tuner as tuner
 
 zoo = load_lesson("07_allreduce_algorithms.py")  # the schedules' dispatch, Rabenseifner's, the switch table
 ALGOS = zoo.ALGOS

@@ -1,11 +1,11 @@
 """Lesson 12's schedules in one process (no MPI): GPipe's and 1F1B's orders, placed on ticks, their
 bubble and peak memory against the closed forms, their messages, and the checks that stop a broken
-order before anything runs (lessons/pipe_schedules.py). The runs are in test_lessons.py, the wrong
+order before anything runs (lessons/pipeline_parallel/schedules.py). The runs are in test_lessons.py, the wrong
 answers in tests/wrong_answers/12_pipeline_parallel.yaml."""
 import pytest
 
 from conftest import load_lesson
-from lessons import pipe_schedules as ps
+from lessons.pipeline_parallel import schedules as ps
 
 twelve = load_lesson("12_pipeline_parallel.py")  # importing a lesson starts no MPI
 SHAPES = [(1, 1), (1, 5), (2, 1), (2, 5), (3, 8), (4, 3), (4, 8), (5, 2), (6, 13)]

@@ -10,7 +10,7 @@ import pytest
 from common import plot, shards
 from common.runner import launch
 from conftest import ROOT, load_lesson
-from lessons import zoo_schedules as sched
+from lessons.allreduce_algorithms import schedules as sched
 
 pytest.importorskip("matplotlib")
 ring = load_lesson("05_ring_allreduce.py")

@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, tutor
-from lessons import scale_dry, scale_model as sm
-from lessons import scale_step as st
+from lessons.scale_on_paper import dry as scale_dry, links as sm, step as st
 
 
 def numbers(text):

@@ -17,13 +17,14 @@ tests/wrong_answers/NN_topic.yaml holds a list of mistakes for lesson NN, each o
       replace: [["old text, found exactly once", "new text"], ...]     # instead of region + code
       passes: another valid convention     # instead of fails: a correct variant that must pass
     - mistake: ...
-      file: lessons/zoo_schedules.py       # optional: the edit is made in this helper module of the lesson
-      replace: [[...]]                     # (imported as lessons.zoo_x), not in the lesson itself;
+      file: lessons/allreduce_algorithms/schedules.py   # optional: the edit is made in this module of the
+      replace: [[...]]                     # lesson's own folder (lessons/<topic>/), not in the page itself;
                                            # or a module of common/ (the package is copied whole)
 
 The run imports the edited copy: the lesson and the edited file are copied to tmp_path/lessons/, and
 tmp_path comes first on sys.path (the lesson puts its parent folder there, and PYTHONPATH starts with
-it), so the namespace package `lessons` (no __init__.py) finds tmp_path/lessons/zoo_x.py before ROOT's,
+it), so the namespace packages `lessons` and `lessons.<topic>` (no __init__.py) find
+tmp_path/lessons/<topic>/x.py before ROOT's,
 and a `common/` case's tmp_path/common is the package `common` the ranks import.
 
 tests/wrong_answers/gpu_double.yaml holds bugs planted in the lessons' CuPy + NCCL path, run under the GPU
@@ -99,9 +100,10 @@ def stage(lesson, case, folder):
     edit made; return (the script to run, the PYTHONPATH head that makes the copies win). A `file:` in
     common/ copies the whole package to folder/common, so the ranks import the edited helper."""
     target = os.path.join(ROOT, case["file"]) if "file" in case else lesson.path
-    shared = os.path.dirname(os.path.abspath(target)) == os.path.join(ROOT, "common")
-    if "file" in case and not shared and os.path.dirname(os.path.abspath(target)) != os.path.dirname(lesson.path):
-        raise ValueError(f"file: {case['file']} is neither a module beside {lesson.name} nor in common/")
+    where = os.path.dirname(os.path.relpath(os.path.abspath(target), ROOT))
+    shared, own = where == "common", os.path.join("lessons", lesson.name.split("_", 1)[1])
+    if "file" in case and not shared and where != own:
+        raise ValueError(f"file: {case['file']} is neither in {own}/ (the lesson's own modules) nor in common/")
     os.makedirs(os.path.join(folder, "lessons"), exist_ok=True)
     if shared:
         shutil.copytree(os.path.join(ROOT, "common"), os.path.join(folder, "common"),
@@ -109,8 +111,10 @@ def stage(lesson, case, folder):
     for path in {lesson.path, target}:
         with open(path) as f:
             source = f.read()
-        home = "common" if shared and path == target else "lessons"
-        with open(os.path.join(folder, home, os.path.basename(path)), "w") as f:
+        copy = os.path.join(folder, where, os.path.basename(path)) if path == target else \
+            os.path.join(folder, "lessons", os.path.basename(path))
+        os.makedirs(os.path.dirname(copy), exist_ok=True)
+        with open(copy, "w") as f:
             f.write(edit(source, case, path) if path == target else source)
     return os.path.join(folder, "lessons", os.path.basename(lesson.path)), str(folder)
 
@@ -220,21 +224,24 @@ def test_every_check_can_fail(lesson):
 def test_a_file_case_runs_the_edited_helper(tmp_path):
     """The staged lesson imports the edited helper from tmp_path/lessons, and the others from ROOT."""
     lesson = catalog.resolve("07", os.path.join(ROOT, "lessons"))
-    case = {"file": "lessons/zoo_schedules.py", "replace": [["def fold(n):", "STAGED = 1\n\n\ndef fold(n):"]]}
+    case = {"file": "lessons/allreduce_algorithms/schedules.py",
+            "replace": [["def fold(n):", "STAGED = 1\n\n\ndef fold(n):"]]}
     script, head = stage(lesson, case, tmp_path)
     probe = ("import importlib.util, sys\n"
              f"spec = importlib.util.spec_from_file_location('lesson', {script!r})\n"
              "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
-             "import lessons.zoo_schedules as s, lessons.zoo_model as m\n"
+             "from lessons.allreduce_algorithms import schedules as s, model as m\n"
              "print(s.STAGED, s.__file__, m.__file__)\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=str(tmp_path), capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join([head, ROOT])})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", str(tmp_path / "lessons" / "zoo_schedules.py"),
-                                   os.path.join(ROOT, "lessons", "zoo_model.py")]
-    assert "STAGED" not in open(os.path.join(ROOT, "lessons", "zoo_schedules.py")).read()
+    folder = os.path.join("lessons", "allreduce_algorithms")
+    assert done.stdout.split() == ["1", str(tmp_path / folder / "schedules.py"), os.path.join(ROOT, folder, "model.py")]
+    assert "STAGED" not in open(os.path.join(ROOT, folder, "schedules.py")).read()
     with pytest.raises(ValueError, match="occurs 0 times"):
-        stage(lesson, {"file": "lessons/zoo_model.py", "replace": [["def fold(n):", ""]]}, tmp_path)
+        stage(lesson, {"file": "lessons/allreduce_algorithms/model.py", "replace": [["def fold(n):", ""]]}, tmp_path)
+    with pytest.raises(ValueError, match="the lesson's own modules"):  # another lesson's folder is not its own
+        stage(lesson, {"file": "lessons/pipeline_parallel/schedules.py", "replace": [["a", "b"]]}, tmp_path)
 
 
 class _Ran:

@@ -5,7 +5,7 @@ import os
 import re
 import textwrap
 
-WIDTH = 100  # every line the runner prints fits a terminal this wide
+from common.text import WIDTH  # every line the runner prints fits a terminal this wide
 
 
 _LIST = re.compile(r"^(?P<head>[^\[]*)\[(?P<items>.*)\](?P<tail>[^\]]*)$")

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from common import bandwidth
-from lessons.zoo_model import predict
+from lessons.allreduce_algorithms.model import predict
 
 GB = 1e9
 # the one efficiency: NCCL's maintainer, on 8 x H100: "450GB/s is the line rate. With the protocol

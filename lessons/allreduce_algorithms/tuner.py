@@ -11,8 +11,9 @@ import os
 import numpy as np
 
 from common import bandwidth, buffers, report
-from lessons.zoo_model import BATCHES, best_of, dbt_chunks, iterations, wrapped
-from lessons.zoo_schedules import copy_into
+from common.timing import BATCHES, best_of
+from lessons.allreduce_algorithms.model import dbt_chunks, iterations, wrapped
+from lessons.allreduce_algorithms.schedules import copy_into
 
 LIBRARY = {"mpi": "MPI_Allreduce", "gloo": "gloo all_reduce", "nccl": "ncclAllReduce"}
 

@@ -4,7 +4,6 @@ alpha, beta and gamma on this machine that the prediction uses.
     predict(algo, n, nbytes, alpha, beta, gamma, k)   the formulas in lesson 07's docstring
     schedule_cost(every rank's schedule, a, b, g)      the same read off any schedule, round by round
     measure_model(ctx, be, dtype, iters)               ping-pong, a += b, every rank exchanging at once
-    best_of(ctx, be, {name: fn}, warmup, iters)        interleaved batches, the best kept
     reasons(...), show_model(...)                      what the run measured that the model leaves out
 """
 import math
@@ -15,11 +14,11 @@ import time
 import numpy as np
 
 from common import bandwidth, buffers, report, timing
-from lessons.zoo_schedules import Plan, dbt_depth, dbt_schedule, fold, ring_schedule
+from common.timing import BATCHES, best_of
+from lessons.allreduce_algorithms.schedules import Plan, dbt_depth, dbt_schedule, fold, ring_schedule
 
 KMAX = 64                    # most pipeline chunks per dbt tree
 ITER_BYTES = 1 << 30         # big sizes: at most this many bytes per algorithm timing
-BATCHES = 3                  # timings: best of this many interleaved batches
 PING = [8, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536, 262144, 1 << 20, 4 << 20]  # ping-pong sizes, B
 SMALL = 1024                 # ping-pong sizes up to this are pure latency: alpha is the least of them
 STEP = 3.0                   # a ping-pong jump this many times what the slope predicts is a step
@@ -167,19 +166,6 @@ def round_overhead(ctx, be, dtype):
 def iterations(pick, size):
     """Timed calls per batch: the plan's, fewer for big sizes (at least one)."""
     return max(1, min(pick["iters"], ITER_BYTES // size) // BATCHES)
-
-
-def best_of(ctx, be, fns, warmup, iters, spread=None):
-    """{name: seconds}: each fn timed in BATCHES interleaved batches (time_op: the slowest rank's mean),
-    the best batch kept, so a burst of load from elsewhere hits every contender alike. If `spread` is a
-    dict it gets each name's slowest minus fastest batch: how much this run's own timings wander."""
-    batches = {name: [] for name in fns}
-    for b in range(BATCHES):
-        for name, fn in fns.items():
-            batches[name].append(bandwidth.time_op(ctx.comm, fn, warmup if b == 0 else 0, iters, be.sync))
-    if spread is not None:
-        spread.update({name: max(ts) - min(ts) for name, ts in batches.items()})
-    return {name: min(ts) for name, ts in batches.items()}
 
 
 def wrapped(text, indent=""):

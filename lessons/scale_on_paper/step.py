@@ -1,12 +1,12 @@
 """Lesson 16's training step at scale: the bytes lessons 08-12 counted, for a named model's shapes,
-priced on a cluster of lessons/scale_model.py.
+priced on a cluster of lessons/scale_on_paper/links.py.
 
     params(shape)                      parameters of a decoder-only transformer of these shapes
     plan(strategy, shape, world)       bytes and calls per GPU per step, closed forms (lessons 08-12)
     step(strategy, shape, cluster)     communication and compute seconds, and the overlap bound
-The same step dry-run through the counting communicator: lessons/scale_dry.py.
+The same step dry-run through the counting communicator: lessons/scale_on_paper/dry.py.
 """
-from lessons.scale_model import Cluster, bottleneck, predict, reduce_scatter_time, ring_time, two_level
+from lessons.scale_on_paper.links import Cluster, bottleneck, predict, reduce_scatter_time, ring_time, two_level
 
 # shapes of the 8B and 70B size class (grouped-query attention: kv_heads of heads; untied embeddings)
 SHAPES = {
