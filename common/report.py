@@ -88,6 +88,26 @@ def brief(values, limit=8):
     return f"[{shown}, ..., {_fmt(values[-1])}] ({len(values)} values)"
 
 
+def per_rank(values):
+    """A table cell of per-rank numbers: all of them up to 4 ranks, else `lowest .. highest` (pure)."""
+    values = list(values)
+    return " ".join(map(str, values)) if len(values) <= 4 else f"{min(values)} .. {max(values)}"
+
+
+def once(rows):
+    """Rows (rank, values...) from every rank, in rank order: consecutive ranks with equal values make
+    one row ('0-2'; 'all' when every rank's are equal) (pure)."""
+    groups = []
+    for r in rows:
+        if groups and tuple(groups[-1][-1][1:]) == tuple(r[1:]):
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    if len(groups) == 1:
+        return [("all",) + tuple(rows[0][1:])]
+    return [(f"{g[0][0]}-{g[-1][0]}" if len(g) > 1 else g[0][0],) + tuple(g[0][1:]) for g in groups]
+
+
 def table(headers, rows, align=None):
     """A plain-text table: numbers right-aligned, text left-aligned (pure, no MPI)."""
     cells = [[_fmt(c) for c in row] for row in rows]

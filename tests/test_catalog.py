@@ -54,6 +54,19 @@ def test_names_the_lesson_reports_are_known(tmp_path):
         catalog.load_yaml(write(tmp_path, GOOD.replace("equals: np", "equals: cout")))
 
 
+def test_names_a_lessons_own_module_reports_are_known(tmp_path):
+    """A results row built in lessons/<topic>/ (the page passes it on whole) names keys too; another
+    folder's names do not count."""
+    (tmp_path / "01_x.py").write_text("def main(ctx, rows):\n    report.finish(ctx, {'runs': rows})\n")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "step.py").write_text("def step():\n    return dict(busy_s=1.0)\n")
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "other.py").write_text("def other():\n    return dict(comm_s=1.0)\n")
+    assert catalog.load_yaml(write(tmp_path, GOOD.replace("equals: np", "equals: busy_s")))
+    with pytest.raises(catalog.CatalogError, match="unknown name 'comm_s'"):
+        catalog.load_yaml(write(tmp_path, GOOD.replace("equals: np", "equals: comm_s")))
+
+
 @pytest.mark.parametrize("change, message, line", [
     (("apis: [mpi4py]", "apis: [mpi4py"), "malformed YAML", 4),
     (("timeout_s: 10", "timeout_s: 10\nnpp: 3"), "unknown key 'npp'", 5),

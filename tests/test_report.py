@@ -143,3 +143,8 @@ def test_every_problem_names_its_line():
     text = OLD_SAY + "w" * 120 + "\n" + "again\n" * 4
     found = problems(text, 4)
     assert [int(re.match(r"line (\d+):", p).group(1)) for p in found] == [2, 6, 7]
+
+
+def test_per_rank_cells_shorten_past_four_ranks():
+    assert report.per_rank([3, 1, 2, 0]) == "3 1 2 0"
+    assert report.per_rank(range(7)) == "0 .. 6"

@@ -3,13 +3,15 @@ one SchemaError naming the file and the line of the key at fault.
 
 Names in expressions are checked against what the run can bind: np, api, device, transport, and the
 keys the lesson itself can report (its params and the fields of its rank items). Those keys are read
-from the lesson's source: every string key of a dict literal, dict(key=...), x["key"] = ..., and every
-flag of its parser (a key built as f"has_{a}" stands for every has_...); a name found nowhere there can
-never be bound, so it is refused now, not at run time.
+from the lesson's source and its own modules (lessons/<topic>/): every string key of a dict literal,
+dict(key=...), x["key"] = ..., and every flag of its parser (a key built as f"has_{a}" stands for every
+has_...); a name found nowhere there can never be bound, so it is refused now, not at run time.
 """
 import ast
 import difflib
+import glob
 import math
+import os
 import re
 
 from common.runner import expect, expr
@@ -130,16 +132,27 @@ class Known:
         return name in self.names or any(p.fullmatch(name) for p in self.patterns)
 
 
+def lesson_sources(py_path):
+    """The page and its own modules (lessons/<topic>/*.py, the folder named for NN_topic.py)."""
+    folder = os.path.join(os.path.dirname(py_path), os.path.basename(py_path)[:-3].split("_", 1)[-1])
+    own = sorted(glob.glob(os.path.join(folder, "*.py"))) if os.path.isdir(folder) else []
+    return [py_path] + own
+
+
 def reported_names(py_path):
-    """Known names from the lesson's source: string keys and keyword names of dicts, keys it assigns,
-    its flags' dests. Only ALWAYS when there is no source to read."""
-    try:
-        with open(py_path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), py_path)
-    except (OSError, SyntaxError, ValueError):
-        return Known()
+    """Known names from the lesson's source, its own modules' too (a results row may be built there):
+    string keys and keyword names of dicts, keys it assigns, its flags' dests. Only ALWAYS when there
+    is no page to read."""
+    trees = []
+    for path in lesson_sources(py_path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                trees.append(ast.parse(f.read(), path))
+        except (OSError, SyntaxError, ValueError):
+            if path == py_path:
+                return Known()
     keys, found = [], set()
-    for node in ast.walk(tree):
+    for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, ast.Dict):
             keys += node.keys
         elif isinstance(node, ast.DictComp):
