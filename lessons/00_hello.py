@@ -17,15 +17,16 @@ Run it:
 
 Practice it: `bin/tutor practice 00` writes practice/00_hello.py with split_in_halves left for you;
 `bin/tutor check 00 --mine` checks your copy, `bin/tutor hint 00` helps.
+Read next: lesson 01, send and receive between two ranks (and a deadlock). What it prints: hello/show.py.
 """
 import os
 import sys
-import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bootstrap, report  # noqa: E402
+from lessons.hello import show  # noqa: E402
 
 
 def allreduce_sum(ctx, value, group=None):
@@ -90,39 +91,20 @@ def ranks_on_my_node(ctx):
     return ranks
 
 
-def listed(ranks):
-    """'0, 1' or '0..31': a node's ranks in a few characters."""
-    if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}..{ranks[-1]}"
-    return ", ".join(map(str, ranks))
-
-
-def fit(line):
-    return line if len(line) <= 100 else line[:96] + " ..."
+def flags():
+    return bootstrap.lesson_parser(__file__, __doc__)  # the kit's own flags: --api, --device, --json
 
 
 def main():
-    parser = bootstrap.lesson_parser(__file__, __doc__)
-    args, ctx = bootstrap.start(__file__, parser)
+    args, ctx = bootstrap.start(__file__, flags())
     n = ctx.world_size
 
     report.section(ctx, f"1. who am I  ({n} ranks, api {ctx.api})")
-    if ctx.rank == 0:
-        print(textwrap.fill(f"device: {ctx.why}", 100, subsequent_indent="  "), flush=True)
     world = None if ctx.api == "torch" else (ctx.nccl if ctx.device == "gpu" else ctx.comm)
     my_id = rank_in(ctx, world)  # the id the chosen API gives me, not MPI's (unless MPI is the API)
-    # what differs per process, then what ranks may share (say prints a line alike on all ranks once)
-    report.say(ctx, f"id {my_id}  local_rank {ctx.local_rank} of {ctx.local_size}  pid {os.getpid()}\n"
-                    f"host {ctx.host}  device {ctx.device}  transport {ctx.transport}")
-    node_ranks = ranks_on_my_node(ctx)
-    nodes = ctx.comm.gather((ctx.host, node_ranks), root=0)
-    if ctx.rank == 0:  # one line per node, in the order of its first rank
-        for host, ranks in sorted(set((h, tuple(r)) for h, r in nodes), key=lambda x: x[1]):
-            print(fit(f"node {host}: ranks {listed(ranks)} share its memory"), flush=True)
-    ids = ctx.comm.allgather(my_id)
-    distinct = len({i for i in ids if 0 <= i < n})
-    if ctx.rank == 0:
-        print(f"{distinct} distinct ids in 0..{n - 1} among {n} processes", flush=True)
+    node_ranks = ranks_on_my_node(ctx)                               # the ranks sharing my node's memory
+    distinct = len({i for i in ctx.comm.allgather(my_id) if 0 <= i < n})  # ids in 0..N-1, each once
+    show.who_am_i(ctx, my_id, node_ranks, distinct)                  # my ids, one line per node
 
     report.section(ctx, "2. all-reduce (SUM) of the rank ids: every rank should get N(N-1)/2")
     rank_sum = allreduce_sum(ctx, ctx.rank, world)
@@ -131,16 +113,11 @@ def main():
 
     m = (n + 1) // 2
     half = 0 if ctx.rank < m else 1
-    report.section(ctx, f"3. split the world: ranks 0..{m - 1} are half 0, ranks {m}..{n - 1} half 1"
-                   if n > 1 else "3. split the world: with 1 rank, half 1 is empty")
-    group, steps = split_in_halves(ctx, half)
-    if steps:
-        report.say(ctx, "NCCL handshake for my half: " + "\n  then ".join(steps))
-    half_sum = allreduce_sum(ctx, ctx.rank, group)
-    sub_rank = rank_in(ctx, group)
+    show.halves(ctx, m)                                              # 3. the world cut in two
+    group, steps = split_in_halves(ctx, half)                        # the exercise
+    half_sum, sub_rank = allreduce_sum(ctx, ctx.rank, group), rank_in(ctx, group)
     members = range(m) if half == 0 else range(m, n)
-    report.say(ctx, f"half {half}: id {sub_rank} in my half; sum of my half's world ranks = {half_sum}"
-                    f"  (want {sum(members)})")
+    show.my_half(ctx, half, sub_rank, half_sum, sum(members), steps)
     assert half_sum == sum(members), (
         f"the all-reduce inside the half gave a wrong sum: rank {ctx.rank} got {half_sum}, want "
         f"{sum(members)}, the sum of ranks {members.start}..{members.stop - 1}: those ranks, and "

@@ -3,41 +3,39 @@
 What to watch for:
   1. a blocking send/recv chain 0 -> 1 -> ... -> N-1: each rank waits for its left neighbour, applies
      x = 2x + rank, and passes x on. Rank r ends with 2^(r+2) - r - 2.
-  2. the deadlock: every rank sends to its right neighbour first, then receives from its left. With a
-     synchronous send (Ssend) a send finishes only when the matching receive has started, and no rank
-     ever reaches its receive: it blocks at any size and any N >= 2. The lesson watches the sends with a
-     deadline instead of hanging, reports the call each rank is stuck in, then breaks the cycle by
-     posting the receives.
+  2. the deadlock: every rank sends to its right neighbour first, then receives from its left. A
+     synchronous send (Ssend) finishes only when the matching receive has started, and no rank ever
+     reaches its receive: it blocks at any size and any N >= 2. The lesson watches the sends with a
+     deadline instead of hanging, reports where each rank is stuck, then posts the receives.
   3. why a plain Send "sometimes works": small messages may go eagerly (copied into a buffer at the
-     receiver), large ones wait for the receiver (rendezvous). The lesson measures, live, the largest
-     message a head-to-head Send completes with no receive posted. That limit is a setting of the
-     MPI library and its transport, not a law; by the standard any Send may block until matched, so
-     a program that relies on buffering is wrong.
-  4. three fixes for the ring, each verified and timed: order by rank parity (even ranks send first,
-     odd ranks receive first), Sendrecv, and Isend/Irecv + Waitall. Odd N works too. The parity
-     fix (the exercise) is first run on a communicator that buffers nothing, as the standard allows:
-     every Send waits for its receive, so an order that only works thanks to eager buffering fails
-     here with a clear error, on any MPI and at any size.
-  torch: the same head-to-head exchange with dist.isend (dist.send is isend(...).wait()); whether
-  gloo buffers is measured. NCCL: a send waits on the GPU for its receive; sends and receives that
-  must progress together go in one group (groupStart/groupEnd, or batch_isend_irecv), or are
-  ordered so that every send meets a posted receive (the parity fix works on NCCL too).
+     receiver), large ones wait for the receiver (rendezvous). The lesson measures the largest
+     head-to-head Send that completes with no receive posted: a setting of the MPI library and its
+     transport, not a law. By the standard any Send may block until matched.
+  4. three fixes for the ring, each verified and timed: order by rank parity (the exercise, below:
+     even ranks send first, odd ranks receive first), Sendrecv, and Isend/Irecv + Waitall. The parity
+     fix first runs on a communicator that buffers nothing, so an order that only works thanks to
+     eager buffering fails with a clear error, on any MPI and at any size.
+  torch: dist.send is isend(...).wait(); whether gloo buffers is measured. NCCL: a send waits on the
+  GPU for its receive; sends and receives that must progress together go in one group
+  (groupStart/groupEnd, or batch_isend_irecv), or are ordered (the parity fix works on NCCL too).
 
 Run it:
   make lesson-01 NP=4                       (or API=torch)
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/01_send_recv_deadlock.py --api mpi4py
+Read next: lesson 02 (non-blocking calls). Beside this page: send_recv_deadlock/watch.py (the deadline
+watchers, the communicator that buffers nothing) and send_recv_deadlock/show.py (what it prints).
 """
 import os
 import statistics
 import sys
-import textwrap
-import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, mpilib, report, timing  # noqa: E402
+from common import bootstrap, report, timing  # noqa: E402
+from lessons.send_recv_deadlock import show  # noqa: E402
+from lessons.send_recv_deadlock.watch import InMpiWords, Unbuffered, deadlock, wait_until  # noqa: E402
 
 COUNT = 1 << 16          # float64 values per message (512 KiB: above common default eager limits)
 DEADLINE_S = 0.5         # an unmatched send this old, on every rank at once, is called a deadlock
@@ -50,6 +48,19 @@ TAG = 11
 def pattern(owner, count):
     """The values rank `owner` sends: distinct per rank, so a message from the wrong rank shows."""
     return owner * 1000.0 + np.arange(count, dtype=np.float64)
+
+
+def parity_mpi(comm, buf, got, left, right):
+    """Even ranks send then receive, odd ranks receive then send: every Ssend meets a Recv.
+    (comm.Ssend(buf, dest=right) first on EVERY rank is section 2's deadlock: a cycle of waits.)"""
+    # >>> exercise: parity_order
+    if comm.rank % 2 == 0:
+        comm.Ssend(buf, dest=right, tag=TAG)
+        comm.Recv(got, source=left, tag=TAG)
+    else:
+        comm.Recv(got, source=left, tag=TAG)
+        comm.Ssend(buf, dest=right, tag=TAG)
+    # <<< exercise: parity_order
 
 
 def torch_mods(ctx):
@@ -93,16 +104,6 @@ def chain(ctx):
 
 
 # ---------------------------------------------------------------- 2. the deadlock, watched
-def wait_until(done, seconds):
-    """Poll done() until it is true or the deadline passes; True if it completed."""
-    left = timing.deadline(seconds)
-    while left() > 0:
-        if done():
-            return True
-        time.sleep(0.002)  # yield the core: on a loaded machine the peers need it
-    return bool(done())
-
-
 def deadlock_mpi(ctx, count, deadline):
     """Everyone Ssends right first. Returns (stuck, blocked-in text, message arrived, data ok)."""
     from mpi4py import MPI
@@ -174,86 +175,7 @@ def eager_limit(ctx):
     return limit, None, tried
 
 
-def _land():
-    from mpi4py import MPI
-    return MPI.LAND
-
-
-def eager_setting(lib):
-    """What sets the measured limit, on the library that ran (common/mpilib names it): lowering each
-    one-node setting named here lowered the limit with it."""
-    if lib.kind == "mpich":
-        return ("on one node MPICH's shared-memory settings, such as MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD: "
-                "above it the receiver copies the message out of the sender's memory, so the send waits "
-                "for it; between nodes, its network's (UCX_RNDV_THRESH with ch4:ucx)")
-    if lib.kind == "openmpi":
-        return ("on one node Open MPI's btl_sm_eager_limit, its shared-memory transport's, header included "
-                "(`ompi_info --param btl sm --level 4`); between nodes, its network transport's")
-    return "each MPI library and transport has its own"
-
-
 # ---------------------------------------------------------------- 4. three fixes
-def deadlock(rank, call, seconds):
-    """The error a blocking call that waited `seconds` for its partner stops the run with."""
-    return RuntimeError(
-        f"deadlock: rank {rank}'s {call} waited {seconds:g} s for a matching call that never came. "
-        "A send may wait for its receive (MPI may, gloo does): did every rank send first (or receive "
-        "first), or do the partners not match?")
-
-
-class Unbuffered:
-    """A communicator that buffers nothing, as the MPI standard allows: Send behaves as Ssend (it
-    returns once its receive has started), whatever the size. Each blocking call waits with a
-    deadline, so a cycle of waits stops every rank with one clear error instead of hanging."""
-
-    def __init__(self, comm, seconds):
-        self.comm, self.seconds = comm, seconds
-        self.rank, self.size = comm.rank, comm.size
-
-    def __getattr__(self, name):  # anything else (Sendrecv, Get_rank, Isend ...) is the real call
-        return getattr(self.comm, name)
-
-    def _wait(self, req, call):
-        if not wait_until(req.Test, self.seconds):
-            raise deadlock(self.rank, call, self.seconds)
-
-    def Send(self, buf, dest, tag=0):
-        self._wait(self.comm.Issend(buf, dest=dest, tag=tag), f"Send(dest={dest})")
-
-    Ssend = Send
-
-    def Recv(self, buf, source, tag=0, status=None):
-        self._wait(self.comm.Irecv(buf, source=source, tag=tag), f"Recv(source={source})")
-
-
-class InMpiWords:
-    """Another library's blocking send and receive under MPI's names, so the NCCL and torch paths
-    run the exercise's own parity_mpi: the parity logic is written once, in the exercise."""
-
-    def __init__(self, rank, size, send, recv):
-        self.rank, self.size, self._send, self._recv = rank, size, send, recv
-
-    def Ssend(self, buf, dest, tag=0):
-        self._send(buf, dest)
-
-    Send = Ssend
-
-    def Recv(self, buf, source, tag=0, status=None):
-        self._recv(buf, source)
-
-
-def parity_mpi(comm, buf, got, left, right):
-    """Even ranks send then receive, odd ranks receive then send: every Ssend meets a Recv."""
-    # >>> exercise: parity_order
-    if comm.rank % 2 == 0:
-        comm.Ssend(buf, dest=right, tag=TAG)
-        comm.Recv(got, source=left, tag=TAG)
-    else:
-        comm.Recv(got, source=left, tag=TAG)
-        comm.Ssend(buf, dest=right, tag=TAG)
-    # <<< exercise: parity_order
-
-
 def fixes_mpi(ctx):
     """name -> one ring exchange (send right, receive left) that cannot deadlock."""
     from mpi4py import MPI
@@ -371,7 +293,18 @@ def run_fix(ctx, fix, count, repeat):
     return statistics.median(times), bool(np.array_equal(to_host(got), want))
 
 
-def main():
+def time_fixes(ctx, fixes, count, repeat):
+    """Run every fix: ({name: the slowest rank's median seconds}, {name: ranks with wrong data}, all ok here)."""
+    seconds, wrong, ok_all = {}, {}, True
+    for name, fix in fixes.items():
+        sec, ok = run_fix(ctx, fix, count, repeat)
+        seconds[name] = max(ctx.comm.allgather(sec))
+        wrong[name] = sum(not o for o in ctx.comm.allgather(ok))
+        ok_all = ok_all and ok
+    return seconds, wrong, ok_all
+
+
+def flags():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--count", type=bootstrap.nonneg_int, default=COUNT,
                         help=f"float64 values per message (default {COUNT})")
@@ -379,7 +312,11 @@ def main():
                         help=f"seconds before an unmatched send counts as deadlocked (default {DEADLINE_S})")
     parser.add_argument("--repeat", type=bootstrap.nonneg_int, default=REPEAT,
                         help=f"timed runs of each fix (default {REPEAT})")
-    args, ctx = bootstrap.start(__file__, parser)
+    return parser
+
+
+def main():
+    args, ctx = bootstrap.start(__file__, flags())
     n, count = ctx.world_size, args.count
     if n < 2:
         ctx.fail("needs at least 2 ranks: point-to-point needs a partner (try -n 2)")
@@ -391,87 +328,31 @@ def main():
     x = chain(ctx)
     report.say(ctx, f"x = {x}   (closed form 2^(r+2) - r - 2 = {2 ** (ctx.rank + 2) - ctx.rank - 2})")
 
-    report.section(ctx, f"2. head-to-head: every rank sends {count * 8} B right first, then receives")
-    if ctx.rank == 0:
-        print("the send: " + ("dist.send, which is dist.isend(...).wait(); watched with is_completed()"
-                              if ctx.api == "torch" else
-                              "comm.Ssend, synchronous: it returns once the matching receive has started"),
-              flush=True)
-        if ctx.transport == "nccl":
-            print("nccl: a send waits on the GPU for its receive, so this would hang the stream with no "
-                  "way back;\nthe demo runs " + ("over a gloo group" if ctx.api == "torch" else
-                                                  "over MPI on host buffers"), flush=True)
-    if ctx.api == "torch":
-        stuck_all, where, arrived, rescued = deadlock_torch(ctx, count, args.deadline)
-    else:
-        stuck_all, where, arrived, rescued = deadlock_mpi(ctx, count, args.deadline)
-    report.say(ctx, f"blocked in {where}" + ("" if arrived is None else
-                    f"\n  the left's message is announced (Iprobe): {arrived}"))
-    if ctx.rank == 0:
-        print("DEADLOCK DETECTED: no rank can proceed, every send waits for a receive nobody posts"
-              if stuck_all else "no deadlock: the sends completed without receivers (buffered)")
-        print("way out: each rank posts the receive it never reached; data received intact: "
-              + ("yes" if ctx.comm.allreduce(rescued) == n else "NO"), flush=True)
-    else:
-        ctx.comm.allreduce(rescued)
+    show.head_to_head(ctx, count)                                      # 2. every rank sends first
+    watched = deadlock_torch if ctx.api == "torch" else deadlock_mpi
+    stuck_all, where, arrived, rescued = watched(ctx, count, args.deadline)
+    show.deadlock(ctx, stuck_all, where, arrived, ctx.comm.allreduce(rescued) == n)
 
-    where = "a gloo group" if ctx.api == "torch" else "MPI, host buffers"
-    report.section(ctx, "3. eager or rendezvous: largest head-to-head plain send that completes alone"
-                   + (f"\n   (over {where})" if ctx.transport == "nccl" else ""))
+    show.eager_title(ctx)                                              # 3. eager or rendezvous
     limit, first_blocked, tried = eager_limit(ctx)
-    if ctx.rank == 0:
-        lib = "gloo" if ctx.api == "torch" else mpilib.current().name
-        if limit == 0:
-            print(f"{lib}: even a {first_blocked} B send waited for its receive: no send was buffered")
-        else:
-            print(f"{lib}: sends up to {limit} B completed with no receive posted;\n  "
-                  + (f"{first_blocked} B waited for the receiver" if first_blocked else
-                     f"every size up to {tried[-1]} B did"))
-        if ctx.api == "mpi4py":
-            print(textwrap.fill(f"that limit is a setting, not a law: {eager_setting(mpilib.current())}. "
-                                "The standard lets any Send wait until it is matched, and calls a program "
-                                "that needs buffering to finish unsafe", 100), flush=True)
-        if not ctx.single_node:  # the ring's sends within a node and between nodes take two transports
-            print("on several nodes the ring's sends cross two transports, shared memory within a node "
-                  "and the\nnetwork between nodes, each with limits of its own: the sizes above are where "
-                  "every\nsend of the ring completed at once", flush=True)
+    show.eager(ctx, limit, first_blocked, tried)                       # and the setting behind it
 
     report.section(ctx, f"4. three fixes for the ring (send right, receive left), {count} x float64, "
                         f"median of {args.repeat}")
     unbuffered_ok = None
-    if ctx.api == "mpi4py" and ctx.device == "cpu":
-        seconds = max(2.0, 10 * args.deadline)
-        unbuffered_ok = parity_unbuffered(ctx, count, seconds)
-        everyone = ctx.comm.allreduce(unbuffered_ok, op=_land())
-        if ctx.rank == 0:
-            print("the parity fix on a communicator that buffers nothing (every Send waits for its "
-                  "receive):\ncompleted, the left's data intact on every rank: "
-                  + ("yes" if everyone else "NO"),
-                  flush=True)
+    if ctx.api == "mpi4py" and ctx.device == "cpu":                    # the exercise, no buffering
+        unbuffered_ok = parity_unbuffered(ctx, count, max(2.0, 10 * args.deadline))
+        show.unbuffered(ctx, unbuffered_ok)
     fixes = (fixes_torch(ctx, max(2.0, 10 * args.deadline)) if ctx.api == "torch" else
              fixes_nccl(ctx) if ctx.device == "gpu" else fixes_mpi(ctx))
-    rows, ok_all, results = [], True, {}
-    for name, fix in fixes.items():
-        sec, ok = run_fix(ctx, fix, count, args.repeat)
-        secs = ctx.comm.allgather(sec)
-        oks = ctx.comm.allgather(ok)
-        ok_all = ok_all and ok
-        results[name] = max(secs)
-        rows.append([name, count * 8, count, "float64", round(max(secs) * 1e6, 1),
-                     round(count * 8 / max(secs) / 1e9, 3) if max(secs) > 0 else 0.0,
-                     sum(not o for o in oks)])
-    if ctx.rank == 0:
-        print(report.table(["fix", "size B", "count", "type", "time us", "algbw GB/s", "#wrong"], rows))
-        fastest = min(results, key=results.get)
-        print("ratios to the fastest:", ", ".join(f"{k} {v / results[fastest]:.2f}x"
-                                                 for k, v in results.items()), flush=True)
-        print("(timings are noisy on a shared machine; the data check is what matters)", flush=True)
+    seconds, wrong, ok_all = time_fixes(ctx, fixes, count, args.repeat)
+    show.fixes(ctx, count, seconds, wrong)                             # the table, and ratios
 
     report.finish(ctx, {"chain_value": x, "deadlock_detected": bool(stuck_all),
                         "rescued_ok": rescued, "fixes_ok": ok_all, "fixes_run": len(fixes),
                         "parity_unbuffered_ok": unbuffered_ok},
                   summary={"eager_limit_B": limit, "eager_first_blocked_B": first_blocked,
-                           **{f"fix_time_us[{k}]": round(v * 1e6, 1) for k, v in results.items()}})
+                           **{f"fix_time_us[{k}]": round(v * 1e6, 1) for k, v in seconds.items()}})
 
 
 if __name__ == "__main__":

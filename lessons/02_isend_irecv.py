@@ -5,47 +5,37 @@ What to watch for:
      keeps HALO copies of each neighbour's edge. All four transfers are posted (Irecv, Isend), then one
      Waitall. The ghost values are checked against the global index they must hold.
   2. the two hazards of a posted request: a receive buffer is undefined until the wait (the lesson
-     reads it right after posting and again after the matching send was posted, and shows what it
-     found: old contents, new, or part of each), and a send buffer must not be written before the
-     wait (the lesson overwrites it and shows what the receiver got: undefined as well).
+     reads it right after posting and again after the matching send was posted: old contents, new,
+     or part of each), and a send buffer must not be written before the wait (the lesson overwrites
+     it and shows what the receiver got: undefined as well).
   3. overlap, measured: exchange a large message and compute, four ways, interleaved run by run:
        (a) blocking exchange, then compute: no overlap by construction, the control
        (b) post, compute, wait
        (c) post, compute in slices with a test of the requests between slices
        (d) (b) again in a second MPICH job with a progress thread (MPIR_CVAR_ASYNC_PROGRESS=1);
-           Open MPI 5 has no such thread for point-to-point (its TCP transport alone, between
-           nodes, can run one: btl_tcp_progress_thread), so on Open MPI (d) says so instead
-     overlap = (comm + compute - time) / min(comm, compute): 0 means none, 1 means all hidden; (a)'s
-     value is this run's noise, and a mode counts as overlapping only above it. Time is shown too:
-     a mode can overlap well and still take longer.
-     Why, per transport and library: MPICH without its progress thread, and Open MPI 5, move a
-     large (rendezvous) message only while a rank is inside an MPI call; other libraries and
-     networks may move it between calls (a progress thread, a network card's RDMA). On one node
-     MPICH and Open MPI move it by memory copies that the ranks' own CPUs make inside those calls,
-     so (c)'s Tests cannot hide the copy, only waiting for a partner.
-     gloo moves point-to-point data on threads of its own, and is_completed() only asks. NCCL moves
-     it with kernels on the GPU's SMs; compute kernels on another stream share the SMs and memory
-     bandwidth with them, so overlap is partial at best.
+           Open MPI 5 has no such thread for point-to-point, so there (d) says so instead
+     overlap = (comm + compute - time) / min(comm, compute): 0 means none, 1 all hidden; (a)'s value
+     is this run's noise, and a mode counts as overlapping only above it. Time is shown too: a mode
+     can overlap well and still take longer. The lesson then says why, for the transport that ran:
+     MPI moves a large message only inside MPI calls (unless a thread or the network card does),
+     gloo on threads of its own, NCCL with kernels that share the GPU with the compute.
 
 Run it:
   make lesson-02 NP=4                       (or API=torch)
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/02_isend_irecv.py --api mpi4py
+Read next: lesson 03 (broadcast and scatter). Beside this page: isend_irecv/show.py (what it prints)
+and isend_irecv/progress_job.py (mode (d)'s second job).
 """
-import json
+import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import textwrap
-import time
-from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bootstrap, mpilib, report, timing  # noqa: E402
+from lessons.isend_irecv import progress_job, show  # noqa: E402
 
 LOCAL = 1000             # cells each rank owns
 HALO = 4                 # ghost cells on each side
@@ -53,12 +43,6 @@ BIG = 1 << 19            # float64 values in the overlap message (4 MiB: above c
 REPEAT = 5               # timed runs of each overlap mode; the median is reported
 SLICE = 1 << 15          # float64 values one compute slice works on
 TO_LEFT, TO_RIGHT = 21, 22  # tags: with 2 ranks the left and right neighbour are the same rank
-
-
-def torch_mods(ctx):
-    import torch
-    import torch.distributed as dist
-    return torch, dist
 
 
 # ---------------------------------------------------------------- 1. halo exchange
@@ -72,6 +56,12 @@ def halo_mpi(comm, u, left, right):
             comm.Isend(u[-2 * HALO:-HALO], dest=right, tag=TO_RIGHT)]
     MPI.Request.Waitall(reqs)  # only now may u's ghosts be read, or its edges written
     # <<< exercise: halo_exchange
+
+
+def torch_mods(ctx):
+    import torch
+    import torch.distributed as dist
+    return torch, dist
 
 
 def halo_nccl(ctx, u, left, right):
@@ -298,126 +288,6 @@ def overlap_of(t, t_comm, t_comp):
     return (t_comm + t_comp - t) / min(t_comm, t_comp)
 
 
-def main():
-    parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--big", type=bootstrap.nonneg_int, default=BIG,
-                        help=f"float64 values in the overlap message (default {BIG})")
-    parser.add_argument("--repeat", type=bootstrap.nonneg_int, default=REPEAT,
-                        help=f"timed runs of each overlap mode (default {REPEAT})")
-    parser.add_argument("--async-progress", choices=["run", "skip"], default="run",
-                        help="mode (d): rerun (b) in a second MPICH job with a progress thread")
-    parser.add_argument("--overlap-only", metavar="PATH", help=argparse_hidden())
-    parser.add_argument("--slices", type=bootstrap.nonneg_int, help=argparse_hidden())
-    args, ctx = bootstrap.start(__file__, parser)
-    n = ctx.world_size
-    if n < 2:
-        ctx.fail("needs at least 2 ranks: a neighbour exchange needs neighbours (try -n 2)")
-    if args.big < 1 or args.repeat < 1:
-        ctx.fail("--big and --repeat must be at least 1")
-    if args.overlap_only:  # the child job of mode (d): (a) and (b) with the parent's compute, to a file
-        times, slices = measure_overlap(ctx, args.big, args.repeat, [CONTROL, "(b) post, compute, wait"],
-                                        slices=args.slices)
-        if ctx.rank == 0:
-            report.write_json(args.overlap_only, {"times": times, "slices": slices})
-        report.finish(ctx, {})
-        return
-    ctx.params = {"local": LOCAL, "halo": HALO, "big": args.big}
-
-    report.section(ctx, f"1. halo exchange on a ring: {LOCAL} cells per rank, {HALO} ghosts a side")
-    gl, gr = halo(ctx)
-    report.say(ctx, f"left ghosts {gl.astype(int).tolist()}  right ghosts {gr.astype(int).tolist()}")
-
-    over = " (over MPI)" if ctx.api == "mpi4py" else " (a gloo group)"
-    report.section(ctx, f"2. hazards, on host buffers of {args.big * 8} B"
-                   + (over if ctx.transport == "nccl" else ""))
-    early, later, after, seen = hazards(ctx, args.big)
-    found = ctx.comm.gather((early, later, after, seen), root=0)
-    if ctx.rank == 0:
-        def tally(i):
-            return ", ".join(f"{what} on {k}" for what, k in sorted(Counter(f[i] for f in found).items()))
-        # up to three outcomes per line: labels kept short so a line fits 100 columns at any NP < 1000
-        print(f"what each rank's buffer held, ranks counted ({n} in all):\n"
-              f"a posted receive buffer, read right after posting: {tally(0)}\n"
-              f"  read after a barrier (the send posted), before the wait: {tally(1)}\n"
-              f"  read after the wait: {tally(2)}\n"
-              f"a send buffer overwritten before its wait arrived as: {tally(3)}")
-        filled = any(f[1] != "old" for f in found)
-        if ctx.api == "torch":
-            print("gloo's threads write a posted receive buffer whenever the data arrives"
-                  + (" (before the wait here)" if filled else "") + ":\nit is undefined until wait(), "
-                  "and a tensor handed to isend must not be written until wait() either.", flush=True)
-        else:
-            print("MPI may write a posted receive buffer inside any MPI call before the wait"
-                  + (" (here, the barrier)" if filled else "") + ":\nit is undefined until the wait; and "
-                  "the standard forbids writing a posted send buffer\nbefore its wait.", flush=True)
-
-    modes = [m for m in MODES if m.startswith("(")]
-    report.section(ctx, f"3. overlap: exchange {args.big * 8} B with each neighbour while computing, "
-                        f"median of {args.repeat}")
-    times, slices = measure_overlap(ctx, args.big, args.repeat, modes)
-    d_reason = d_not_here(ctx)
-    lib = mpilib.current()
-    child = None
-    if d_reason is None:
-        child, d_reason = async_progress_run(ctx, args, slices, lib)
-        if child:
-            times[D_MODE] = child["times"]["(b) post, compute, wait"]
-    ref = (times["comm only"], times["compute only"])
-    overlap = {m[:3]: overlap_of(t, *ref) for m, t in times.items() if m.startswith("(")}
-    if child:  # (d) against its own job's comm and compute: its progress thread changes both
-        ct = child["times"]
-        overlap["(d)"] = overlap_of(times[D_MODE], ct["comm only"], ct["compute only"])
-    t_a = times[CONTROL]
-    rows = [[m, round(t * 1e6, 1), f"{t / t_a:.2f}" if m.startswith("(") else "",
-             f"{overlap[m[:3]]:+.2f}" if m.startswith("(") else ""] for m, t in times.items()]
-    if ctx.rank == 0:
-        print(f"compute = {slices} slice(s), calibrated to last about as long as the exchange;\n"
-              "rounds interleave the modes")
-        print(report.table(["mode", "time us", "x (a)", "overlap"], rows, align=[False, True, True, True]))
-        print("overlap = (comm + compute - time) / min(comm, compute): 0 none, 1 all hidden. (a) cannot\n"
-              f"overlap, so its value ({overlap['(a)']:+.2f}) is how far off this measure is in this run.")
-        if child:
-            ct = child["times"]
-            print(f"(d) ran as a job of its own: its overlap is against that job's comm only "
-                  f"{ct['comm only'] * 1e6:.0f} us and compute\nonly {ct['compute only'] * 1e6:.0f} us "
-                  f"(its control (a): {overlap_of(ct[CONTROL], ct['comm only'], ct['compute only']):+.2f}); "
-                  f"its time is {times[D_MODE] / times['(b) post, compute, wait']:.2f} x (b)'s.")
-        else:
-            print(textwrap.fill(f"(d) {d_reason}", 100, subsequent_indent="  "))
-        for line in why_overlap(ctx, lib) + what_was_seen(times, overlap, child):
-            print(line)
-        sys.stdout.flush()
-
-    report.finish(ctx, {"ghost_left_first": float(gl[0]), "ghost_left_sum": float(gl.sum()),
-                        "ghost_right_first": float(gr[0]), "ghost_right_sum": float(gr.sum()),
-                        "early_read": early, "read_after_barrier": later, "after_wait": after,
-                        "overwritten_send_seen": seen},
-                  summary={"compute_slices": slices, "async_progress": d_reason or "run",
-                           **{f"time_us{k}": round(t * 1e6, 1) for k, t in times.items()},
-                           **{f"overlap{k}": v for k, v in overlap.items()}})
-
-
-def why_overlap(ctx, lib):
-    """What moves the bytes on this run's transport, said for this transport and MPI library only."""
-    if ctx.transport == "mpi":
-        lines = textwrap.wrap(f"why ({lib.name if lib.kind != 'other' else 'MPI'}): a rendezvous message "
-                              f"moves {mpilib.moves_large(lib)}; (c)'s Tests and the final Wait are such "
-                              "calls, and posting alone does not move it.", 100, subsequent_indent="  ")
-        if ctx.single_node and lib.kind in ("mpich", "openmpi"):
-            lines += textwrap.wrap(f"on one node {lib.name} moves it by memory copies that the ranks' own "
-                                   "CPUs make inside those calls: a copy cannot overlap the compute of the "
-                                   "rank making it; what (c)'s Tests can hide is time a rank would spend "
-                                   "waiting for its partner's calls and copies.", 100, initial_indent="  ",
-                                   subsequent_indent="  ")
-        return lines
-    if ctx.transport == "gloo":
-        return ["why (gloo): gloo moves point-to-point data on threads of its own, so (b) can overlap "
-                "when a core", "  is free for them; is_completed() in (c) only asks, it moves nothing."]
-    return ["why (nccl): NCCL moves the data with kernels on the GPU's SMs; compute kernels on another "
-            "stream", "  share the SMs and the memory bandwidth with them, so overlap is partial at best; "
-            "a stream", "  query in (c) only asks, it moves nothing."]
-
-
 NOISE_MARGIN = 0.2  # an overlap must stand this far above the control's |overlap| to count
 
 
@@ -439,54 +309,77 @@ def what_was_seen(times, overlap, child):
     return lines
 
 
-def async_progress_run(ctx, args, slices, lib):
-    """Mode (d): rerun (a) and (b) in a fresh MPICH job with its progress thread on, with the same
-    compute. Rank 0 launches it; the other ranks wait without spinning. Returns (results, None) or
-    (None, the reason it was not run)."""
-    from mpi4py import MPI
-    reason, result = None, None
+def overlap_section(ctx, args):
+    """Section 3's numbers: ({mode: seconds}, {"(a)": overlap, ...}, compute slices, (d)'s job, why no (d))."""
+    modes = [m for m in MODES if m.startswith("(")]
+    times, slices = measure_overlap(ctx, args.big, args.repeat, modes)
+    d_reason, child = d_not_here(ctx), None
+    if d_reason is None:
+        child, d_reason = progress_job.run(ctx, args, slices, mpilib.current(), os.path.abspath(__file__))
+        if child:
+            times[D_MODE] = child["times"]["(b) post, compute, wait"]
+    ref = (times["comm only"], times["compute only"])
+    overlap = {m[:3]: overlap_of(t, *ref) for m, t in times.items() if m.startswith("(")}
+    if child:  # (d) against its own job's comm and compute: its progress thread changes both
+        ct = child["times"]
+        overlap["(d)"] = overlap_of(times[D_MODE], ct["comm only"], ct["compute only"])
+    return times, overlap, slices, child, d_reason
+
+
+def overlap_only(ctx, args):
+    """The child job of mode (d): (a) and (b) with the parent's compute, to a file."""
+    times, slices = measure_overlap(ctx, args.big, args.repeat, [CONTROL, "(b) post, compute, wait"],
+                                    slices=args.slices)
     if ctx.rank == 0:
-        launcher = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-        if args.async_progress == "skip":
-            reason = "skipped (--async-progress skip)"
-        elif lib.kind == "openmpi":
-            reason = (f"n/a: {lib.name} has no progress thread for point-to-point to turn on (its TCP "
-                      "transport alone, between nodes, can run one: btl_tcp_progress_thread)")
-        elif lib.kind != "mpich":
-            reason = "n/a: not MPICH, so MPIR_CVAR_ASYNC_PROGRESS does not apply (see your library's own)"
-        elif not launcher:
-            reason = "no mpiexec beside this python"
-        else:
-            result, reason = launch_async_child(ctx, args, launcher, slices)
-    done = MPI.COMM_WORLD.Ibarrier()
-    while not done.Test():
-        time.sleep(0.01)  # leave the cores to the child job
-    return ctx.comm.bcast((result, reason), root=0)
+        report.write_json(args.overlap_only, {"times": times, "slices": slices})
+    report.finish(ctx, {})
 
 
-def launch_async_child(ctx, args, launcher, slices):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPICH_", "TUTOR_"))}
-    env["MPIR_CVAR_ASYNC_PROGRESS"] = "1"  # a progress thread per rank, started at MPI_Init
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "overlap.json")
-        cmd = [launcher, "-n", str(ctx.world_size), sys.executable, "-m", "mpi4py", os.path.abspath(__file__),
-               "--api", "mpi4py", "--device", "cpu", "--big", str(args.big), "--repeat", str(args.repeat),
-               "--overlap-only", out, "--slices", str(slices)]
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            return None, "the async-progress run took over 60 s and was stopped"
-        if proc.returncode != 0 or not os.path.exists(out):
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"the async-progress run failed: {last}"
-        with open(out) as f:
-            return json.load(f), None
+def flags():
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--big", type=bootstrap.nonneg_int, default=BIG,
+                        help=f"float64 values in the overlap message (default {BIG})")
+    parser.add_argument("--repeat", type=bootstrap.nonneg_int, default=REPEAT,
+                        help=f"timed runs of each overlap mode (default {REPEAT})")
+    parser.add_argument("--async-progress", choices=["run", "skip"], default="run",
+                        help="mode (d): rerun (b) in a second MPICH job with a progress thread")
+    parser.add_argument("--overlap-only", metavar="PATH", help=argparse.SUPPRESS)
+    parser.add_argument("--slices", type=bootstrap.nonneg_int, help=argparse.SUPPRESS)
+    return parser
 
 
-def argparse_hidden():
-    import argparse
-    return argparse.SUPPRESS
+def main():
+    args, ctx = bootstrap.start(__file__, flags())
+    if ctx.world_size < 2:
+        ctx.fail("needs at least 2 ranks: a neighbour exchange needs neighbours (try -n 2)")
+    if args.big < 1 or args.repeat < 1:
+        ctx.fail("--big and --repeat must be at least 1")
+    if args.overlap_only:
+        return overlap_only(ctx, args)                                 # mode (d)'s own job
+    ctx.params = {"local": LOCAL, "halo": HALO, "big": args.big}
+
+    report.section(ctx, f"1. halo exchange on a ring: {LOCAL} cells per rank, {HALO} ghosts a side")
+    gl, gr = halo(ctx)                                                 # the exercise
+    report.say(ctx, f"left ghosts {gl.astype(int).tolist()}  right ghosts {gr.astype(int).tolist()}")
+
+    over = " (over MPI)" if ctx.api == "mpi4py" else " (a gloo group)"
+    report.section(ctx, f"2. hazards, on host buffers of {args.big * 8} B"
+                   + (over if ctx.transport == "nccl" else ""))
+    early, later, after, seen = hazards(ctx, args.big)
+    show.hazards(ctx, ctx.comm.gather((early, later, after, seen), root=0))  # outcomes, ranks counted
+
+    report.section(ctx, f"3. overlap: exchange {args.big * 8} B with each neighbour while computing, "
+                        f"median of {args.repeat}")
+    times, overlap, slices, child, d_reason = overlap_section(ctx, args)
+    show.overlap(ctx, times, overlap, slices, child, d_reason, what_was_seen(times, overlap, child), overlap_of)
+
+    report.finish(ctx, {"ghost_left_first": float(gl[0]), "ghost_left_sum": float(gl.sum()),
+                        "ghost_right_first": float(gr[0]), "ghost_right_sum": float(gr.sum()),
+                        "early_read": early, "read_after_barrier": later, "after_wait": after,
+                        "overwritten_send_seen": seen},
+                  summary={"compute_slices": slices, "async_progress": d_reason or "run",
+                           **{f"time_us{k}": round(t * 1e6, 1) for k, t in times.items()},
+                           **{f"overlap{k}": v for k, v in overlap.items()}})
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ The idea:
     all the others": initial weights, a config, a batch of prompts). Any rank can be the root;
   * scatter cuts the root's array into N pieces and sends piece r to rank r; when the count does not
     divide by N the pieces differ in size (MPI: Scatterv with counts and displacements; torch and
-    NCCL: pad every piece to the largest, or pair sends with receives);
+    NCCL: pad every piece to the largest, or pair sends with receives). shard_sizes, the exercise,
+    says how many items each rank gets and where its piece starts;
   * gather is the inverse: piece r comes back to position r of the root's array;
   * if each rank needs only its slice, broadcast-then-slice makes every non-root receive the whole
     array instead of its 1/N, so N times the bytes cross the wire, and every rank holds the whole
@@ -16,22 +17,24 @@ The idea:
 What to watch for: the root's values arriving on every rank (sections 1-2); in section 3, the
 per-rank table of bytes sent, received and peak bytes held (about the whole array vs 1/N of it),
 the total on the wire, and the time ratio, which is smaller than the byte ratio when the tree's
-ranks send at the same time (measured: the lesson says what it saw).
-With 1 rank every collective is a local copy: the root is the only rank and owns every piece.
+ranks send at the same time. With 1 rank every collective is a local copy.
 
 Run it:
   make lesson-03 NP=4                       (or API=torch, ARGS="--root 2 --big 1048576")
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/03_broadcast_scatter.py --api mpi4py
+Read next: lesson 04 (all-gather, and the all-reduces of softmax and the L2 norm). Beside this page:
+broadcast_scatter/measure.py (bytes, peaks, times) and broadcast_scatter/show.py (section 3's table).
 """
 import os
 import sys
-import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, buffers, p2p, report, timing  # noqa: E402
+from common import bootstrap, buffers, report  # noqa: E402
 from common.shards import chunk_bounds  # noqa: E402
+from lessons.broadcast_scatter import show  # noqa: E402
+from lessons.broadcast_scatter.measure import PeakBytes, Wire, median_time  # noqa: E402
 
 COUNT = 10          # items in the broadcast and the uneven scatter (10 over 4 ranks: 3, 3, 2, 2)
 CHUNK = 4           # items per rank in the equal scatter
@@ -39,6 +42,18 @@ BIG = 1 << 22       # float32 items in the broadcast-then-slice vs scatter compa
 REPS = 5            # timed repetitions of each; the median is reported
 SHOWN = 10          # a list of up to this many items prints whole; a longer one is shortened
 TAG = 1000          # root r's broadcast data is TAG*r + 0, 1, 2 ...: the values name their sender
+
+
+def shard_sizes(count, n):
+    """(counts, displs): how many of `count` items each of n ranks gets, and where its piece starts.
+    The kit's convention (as numpy.array_split and torch.tensor_split): the first count % n ranks
+    get one item more."""
+    # >>> exercise: shard_sizes
+    base, extra = divmod(count, n)
+    counts = [base + (1 if r < extra else 0) for r in range(n)]  # the first count % n ranks: one more
+    displs = [sum(counts[:r]) for r in range(n)]                  # piece r starts where r-1 ended
+    # <<< exercise: shard_sizes
+    return counts, displs
 
 
 def broadcast(ctx, buf, root):
@@ -83,18 +98,6 @@ def scatter_equal(ctx, full, recv, root):
         nccl_pairs(ctx, sends, [(root, recv)] if ctx.rank != root and c else [])
     else:
         ctx.comm.Scatter(full if ctx.rank == root else None, recv, root=root)
-
-
-def shard_sizes(count, n):
-    """(counts, displs): how many of `count` items each of n ranks gets, and where its piece starts.
-    The kit's convention (as numpy.array_split and torch.tensor_split): the first count % n ranks
-    get one item more."""
-    # >>> exercise: shard_sizes
-    base, extra = divmod(count, n)
-    counts = [base + (1 if r < extra else 0) for r in range(n)]  # the first count % n ranks: one more
-    displs = [sum(counts[:r]) for r in range(n)]                  # piece r starts where r-1 ended
-    # <<< exercise: shard_sizes
-    return counts, displs
 
 
 def scatter_uneven(ctx, full, count, dtype, root):
@@ -162,57 +165,6 @@ def gather_uneven(ctx, piece, count, dtype, root):
     return out
 
 
-class PeakBytes:
-    """Peak bytes allocated since start(): tracemalloc on CPU (it sees NumPy buffers, and torch
-    tensors made with torch.from_numpy), the CUDA allocator's own counters on GPU."""
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-
-    def start(self):
-        if self.ctx.device != "gpu":
-            tracemalloc.start()
-        elif self.ctx.api == "torch":
-            import torch
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
-        else:
-            import cupy
-            self.base, self.peak = cupy.get_default_memory_pool().used_bytes(), 0
-
-    def sample(self):
-        """GPU with CuPy keeps no peak: call this where the peak happens (a no-op elsewhere)."""
-        if self.ctx.device == "gpu" and self.ctx.api != "torch":
-            import cupy
-            self.peak = max(self.peak, cupy.get_default_memory_pool().used_bytes() - self.base)
-
-    def stop(self):
-        if self.ctx.device != "gpu":
-            peak = tracemalloc.get_traced_memory()[1]
-            tracemalloc.stop()
-            return peak
-        if self.ctx.api == "torch":
-            import torch
-            return torch.cuda.max_memory_allocated() - self.base
-        self.sample()
-        return self.peak
-
-
-class Wire:
-    """The payload bytes this rank's schedule sends and receives, counted as each call is made (what
-    crosses the wire, headers aside), around common.p2p's group of sends and receives. `be`: a backend
-    made before (making one on torch + NCCL runs an all-reduce: never inside a timed region)."""
-
-    def __init__(self, ctx, be=None):
-        self.be, self.sent, self.received = be or p2p.backend(ctx), 0, 0
-
-    def group(self, sends, recvs):
-        self.sent += sum(buffers.nbytes(b) for b, _ in sends)
-        self.received += sum(buffers.nbytes(b) for b, _ in recvs)
-        self.be.group(sends, recvs)
-
-
 def tree_broadcast(ctx, wire, buf, root):
     """Binomial tree: in the round of `step`, every rank that holds the data sends it `step` ranks on,
     so the number of holders doubles each round and log2(N) rounds reach everyone."""
@@ -261,38 +213,10 @@ def library_bcast_then_slice(ctx, data, big, root):
     return mine
 
 
-def median_time(ctx, reps, run):
-    """Median seconds of `reps` runs, each started together and read after the GPU finished."""
-    sync = timing.syncer(ctx)
-    times = []
-    for _ in range(reps):
-        ctx.comm.Barrier()  # start together, so one rank's lateness is not counted as the method's
-        t0 = timing.now(sync)
-        run()
-        times.append(timing.now(sync) - t0)  # sync: a GPU call returns once queued, not done
-    return float(np.median(times))
-
-
-def main():
-    parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--root", type=bootstrap.nonneg_int, default=0, help="the broadcasting rank")
-    parser.add_argument("--count", type=bootstrap.nonneg_int, default=COUNT,
-                        help="items in the broadcast and the uneven scatter")
-    parser.add_argument("--chunk", type=bootstrap.nonneg_int, default=CHUNK,
-                        help="items per rank in the equal scatter")
-    parser.add_argument("--big", type=bootstrap.nonneg_int, default=BIG,
-                        help="float32 items in the bytes/time comparison")
-    parser.add_argument("--reps", type=bootstrap.nonneg_int, default=REPS, help="timed repetitions")
-    args, ctx = bootstrap.start(__file__, parser)
+def section_broadcast(ctx, args):
+    """Section 1: a broadcast from --root, then one from the next rank into a second buffer, checked."""
     n, rank, root, count = ctx.world_size, ctx.rank, args.root, args.count
-    if root >= n:
-        ctx.fail(f"--root {root} is not a rank: with {n} rank(s) the root must be 0..{n - 1}")
-    if args.big < n or args.chunk < 1 or args.reps < 1:
-        ctx.fail(f"--big must be at least the number of ranks ({n}); --chunk and --reps at least 1")
     root2 = (root + 1) % n
-    ctx.params = {"root": root, "count": count, "chunk": args.chunk, "big": args.big,
-                  "reps": args.reps}
-
     report.section(ctx, f"1. broadcast from rank {root}, then from rank {root2} into a second buffer"
                    + ("\n   (1 rank: both roots are rank 0, a broadcast is a no-op)" if n == 1 else ""))
     # every non-root starts with -1s, so a broadcast that never arrived shows up as -1
@@ -307,8 +231,12 @@ def main():
     want_a = TAG * root + np.arange(count)
     want_b = TAG * root2 + np.arange(count)
     assert np.array_equal(got_a, want_a) and np.array_equal(got_b, want_b), "a broadcast went wrong"
+    return got_a, got_b
 
-    c = args.chunk
+
+def section_scatter(ctx, args):
+    """Section 2: an equal scatter, an uneven one, and a gather back; (equal piece, uneven piece, gathered)."""
+    n, rank, root, count, c = ctx.world_size, ctx.rank, args.root, args.count, args.chunk
     report.section(ctx, f"2. scatter from rank {root}: {c} items each, then {count} unevenly "
                    f"({report.brief(shard_sizes(count, n)[0], SHOWN)}), gather them back")
     full = np.arange(n * c, dtype=np.float64) if rank == root else None
@@ -335,14 +263,14 @@ def main():
     else:
         report_line = "sent my piece to the root, hold nothing gathered"
     report.say(ctx, report_line)
+    return piece, upiece, gathered
 
-    big = args.big
-    report.section(ctx, f"3. each rank needs 1/{n} of a {4 * big / 1e6:.1f} MB float32 array: "
-                   "broadcast-then-slice vs scatter")
-    if rank == 0:
-        print("by hand, with point-to-point calls whose bytes are counted as they are sent: a binomial-"
-              "tree\nbroadcast, then each rank keeps its slice; a scatter in which the root sends piece "
-              "r to rank r", flush=True)
+
+def section_compare(ctx, args):
+    """Section 3: each way by hand once, counted (bytes, peak held), then timed, and the library's two
+    ways timed. Returns (my results by way, wire bytes, slowest hand times, slowest library times)."""
+    n, rank, root, big = ctx.world_size, ctx.rank, args.root, args.big
+    show.compare_title(ctx, big)
     data = buffers.on_device(ctx, np.arange(big, dtype=np.float32)) if rank == root else None
     a, b = chunk_bounds(big, n)[rank]
     want = np.arange(a, b, dtype=np.float32)
@@ -368,33 +296,35 @@ def main():
     wire_B = {m: sum(r[m]["recv_B"] for r in everyone) for m in results}
     hand_us = {m: max(r[m]["time_us"] for r in everyone) for m in results}  # ends when its last rank does
     lib_us = {m: max(ctx.comm.allgather(t)) for m, t in library_us.items()}
-    if rank == 0:
-        print(report.table(
-            ["rank", "method", "sent B", "received B", "peak held B", "time us", "max err"],
-            [(r, m, d["sent_B"], d["recv_B"], d["peak_B"], round(d["time_us"], 1), d["err"])
-             for r, res in enumerate(everyone) for m, d in res.items()],
-            align=[True, False, True, True, True, True, True]))
-        if n == 1:
-            print("1 rank: the root is the only rank, nothing crosses the wire; both ways are a local slice")
-        else:
-            byte_gap = wire_B["bcast+slice"] / max(1, wire_B["scatter"])
-            time_gap = hand_us["bcast+slice"] / hand_us["scatter"]
-            senders = sum(r["bcast+slice"]["sent_B"] > 0 for r in everyone)
-            print(f"on the wire, all ranks: bcast+slice {wire_B['bcast+slice']} B = (N-1) x the array, "
-                  f"scatter {wire_B['scatter']} B = the\narray less the root's piece: {byte_gap:.2f}x "
-                  f"(N = {n}). A broadcast by any algorithm must bring every non-root\nthe whole "
-                  "array; a scatter brings it its piece.")
-            print(f"time, slowest rank, median of {args.reps}: by hand bcast+slice "
-                  f"{hand_us['bcast+slice']:.0f} us, scatter {hand_us['scatter']:.0f} us ({time_gap:.2f}x);"
-                  f"\nthe library's broadcast + slice {lib_us['bcast+slice']:.0f} us, "
-                  f"its scatter {lib_us['scatter']:.0f} us ({lib_us['bcast+slice'] / lib_us['scatter']:.2f}x).")
-            if time_gap < byte_gap and senders > 1:
-                print(f"the time gap is below the byte gap: the tree's bytes leave {senders} ranks, "
-                      "several at once in its\nlater rounds, while the scatter's all leave the root.")
-            else:
-                print(f"in this run the time gap ({time_gap:.2f}x) is {'' if time_gap < byte_gap else 'not '}"
-                      f"below the byte gap ({byte_gap:.2f}x); {senders} rank(s) sent in the tree.")
-        print("(times are measured in this run and not checked: a loaded machine moves them)", flush=True)
+    show.compare(ctx, everyone, wire_B, hand_us, lib_us, args.reps)
+    return results, wire_B, hand_us, lib_us
+
+
+def flags():
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--root", type=bootstrap.nonneg_int, default=0, help="the broadcasting rank")
+    parser.add_argument("--count", type=bootstrap.nonneg_int, default=COUNT,
+                        help="items in the broadcast and the uneven scatter")
+    parser.add_argument("--chunk", type=bootstrap.nonneg_int, default=CHUNK,
+                        help="items per rank in the equal scatter")
+    parser.add_argument("--big", type=bootstrap.nonneg_int, default=BIG,
+                        help="float32 items in the bytes/time comparison")
+    parser.add_argument("--reps", type=bootstrap.nonneg_int, default=REPS, help="timed repetitions")
+    return parser
+
+
+def main():
+    args, ctx = bootstrap.start(__file__, flags())
+    n, root, c = ctx.world_size, args.root, args.chunk
+    if root >= n:
+        ctx.fail(f"--root {root} is not a rank: with {n} rank(s) the root must be 0..{n - 1}")
+    if args.big < n or args.chunk < 1 or args.reps < 1:
+        ctx.fail(f"--big must be at least the number of ranks ({n}); --chunk and --reps at least 1")
+    ctx.params = {"root": root, "count": args.count, "chunk": c, "big": args.big, "reps": args.reps}
+
+    got_a, got_b = section_broadcast(ctx, args)                        # 1. from two roots
+    piece, upiece, gathered = section_scatter(ctx, args)               # 2. equal, uneven, and back
+    results, wire_B, hand_us, lib_us = section_compare(ctx, args)      # 3. bcast+slice vs scatter
 
     bs, sc = results["bcast+slice"], results["scatter"]
     report.finish(ctx, {

@@ -1,10 +1,6 @@
 """Lesson 04 — all-gather, and two all-reduces ML runs on sharded vectors: softmax and the L2 norm.
 
 The idea:
-  * all-gather: every rank contributes a piece and every rank ends with all pieces, in rank order.
-    Broadcast spreads ONE rank's data to all; gather collects all pieces on ONE rank; all-gather is
-    both at once. Uneven pieces: agree on the sizes first (an all-gather of one integer each), then
-    MPI's Allgatherv places them; torch and NCCL pad every piece to the largest and trim;
   * softmax of a vector sharded across ranks (a vocabulary-parallel output layer: each GPU holds the
     logits of its slice of the vocabulary) hands the all-reduces only two scalars per rank: a MAX
     all-reduce of the local maxima, then a SUM all-reduce of the local sums of exp(x - max). The naive
@@ -12,21 +8,23 @@ The idea:
     max makes every exponent <= 0, so nothing overflows;
   * the L2 norm of a sharded gradient: a SUM all-reduce of local sums of squares, then a square root;
     every rank gets the same norm and so the same clip factor. In float32 a square overflows above
-    sqrt(max) = 1.8e19, is subnormal (fewer significant bits) below sqrt(tiny) = 1.1e-19 and rounds
-    to 0 below about 2.6e-23; dividing by the global max |g| first (one more scalar MAX all-reduce)
-    keeps every square in [0, 1];
-  * contrast: an element-wise softmax ACROSS ranks (position i normalised over the N ranks' values at i)
-    is a different operation: N numbers per position, and full-length vectors are all-reduced.
+    1.8e19, is subnormal below 1.1e-19 and rounds to 0 below about 2.6e-23; dividing by the global
+    max |g| first (one more scalar MAX all-reduce) keeps every square in [0, 1];
+  * all-gather: every rank contributes a piece and every rank ends with all pieces, in rank order
+    (broadcast spreads ONE rank's data; gather collects all on ONE rank). Uneven pieces: agree on the
+    sizes first, then MPI's Allgatherv places them; torch and NCCL pad to the largest and trim;
+  * contrast: an element-wise softmax ACROSS ranks (position i normalised over the N ranks' values at
+    i) is a different operation: full-length vectors are all-reduced.
 
 What to watch for: the all-gathered arrays (identical everywhere), the softmax error against a
 float64 single-process reference, the naive softmax turning into nan, the norm table across
-magnitudes (naive: 0, imprecise or inf away from 1), one clip factor on every rank.
-With 1 rank the all-reduces return their input: the "distributed" softmax and norm are the ordinary
-ones, and the element-wise softmax across one rank is 1 everywhere.
+magnitudes (naive: 0, imprecise or inf away from 1), one clip factor on every rank. With 1 rank the
+all-reduces return their input, and the element-wise softmax across one rank is 1 everywhere.
 
 Run it:
   make lesson-04 NP=4                       (or API=torch, ARGS="--scale 1e30 --vocab 50000")
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/04_allgather_softmax_l2.py --api mpi4py
+Read next: lesson 05 (the ring all-reduce by hand). What it prints: allgather_softmax_l2/show.py.
 """
 import os
 import sys
@@ -36,6 +34,7 @@ import numpy as np  # noqa: E402
 
 from common import bootstrap, buffers, report  # noqa: E402
 from common.shards import chunk_bounds  # noqa: E402
+from lessons.allgather_softmax_l2 import show  # noqa: E402
 
 PIECE = 3           # items each rank contributes to the equal all-gather
 COUNT = 10          # items in the uneven all-gather (10 over 4 ranks: 3, 3, 2, 2)
@@ -66,6 +65,48 @@ def allreduce(ctx, a, op):
         from mpi4py import MPI
         ctx.comm.Allreduce(MPI.IN_PLACE, buf, op={"max": MPI.MAX, "sum": MPI.SUM}[op])
     return buffers.to_host(buf)
+
+
+def distributed_softmax(ctx, x):
+    """Softmax of the whole sharded vector; `x` is my shard, the result my shard of it."""
+    # >>> exercise: softmax
+    local_max = np.max(x, initial=-np.inf).astype(x.dtype)  # an empty shard must not win the MAX
+    m = allreduce(ctx, np.array([local_max], x.dtype), "max")[0]
+    with np.errstate(over="ignore"):  # x - m may round to -inf near float32's limit: exp gives 0, right
+        e = np.exp(x - m)  # every exponent <= 0: nothing can overflow
+    s = allreduce(ctx, np.array([e.sum()], x.dtype), "sum")[0]
+    return e / s
+    # <<< exercise: softmax
+
+
+def naive_softmax(ctx, x):
+    """exp(x) / (sum of exp(x) over all ranks): right on paper, inf/nan for large logits."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(x)
+        return e / allreduce(ctx, np.array([e.sum()], x.dtype), "sum")[0]
+
+
+def distributed_l2(ctx, g):
+    """||g|| over all ranks' shards, safe for any float32 g: squares of g/max|g| lie in [0, 1]."""
+    # >>> exercise: l2_norm
+    scale = allreduce(ctx, np.array([np.max(np.abs(g), initial=0)], g.dtype), "max")[0]
+    if scale == 0:  # scale is global, so every rank takes this branch together
+        return g.dtype.type(0)
+    local = np.sum(np.square(g / scale))
+    return scale * np.sqrt(allreduce(ctx, np.array([local], g.dtype), "sum")[0])
+    # <<< exercise: l2_norm
+
+
+def naive_l2(ctx, g):
+    with np.errstate(over="ignore", under="ignore"):
+        return np.sqrt(allreduce(ctx, np.array([np.sum(np.square(g))], g.dtype), "sum")[0])
+
+
+def gradient_shard(lo, hi, vocab, mag):
+    """g[i] = (-1)^i * mag * 2(i+1)/vocab over global indices: a ramp up to 2*mag, so every shard has
+    its own max |g| (a norm scaled by a rank's own max is wrong, and shows it)."""
+    i = np.arange(lo, hi)
+    return (mag * 2.0 * (i + 1) / vocab * np.where(i % 2, -1.0, 1.0)).astype(np.float32)
 
 
 def allgather(ctx, piece):
@@ -149,76 +190,9 @@ def allgather_uneven(ctx, piece):
     return np.concatenate([p[:s] for p, s in zip(parts, sizes)])
 
 
-def distributed_softmax(ctx, x):
-    """Softmax of the whole sharded vector; `x` is my shard, the result my shard of it."""
-    # >>> exercise: softmax
-    local_max = np.max(x, initial=-np.inf).astype(x.dtype)  # an empty shard must not win the MAX
-    m = allreduce(ctx, np.array([local_max], x.dtype), "max")[0]
-    with np.errstate(over="ignore"):  # x - m may round to -inf near float32's limit: exp gives 0, right
-        e = np.exp(x - m)  # every exponent <= 0: nothing can overflow
-    s = allreduce(ctx, np.array([e.sum()], x.dtype), "sum")[0]
-    return e / s
-    # <<< exercise: softmax
-
-
-def naive_softmax(ctx, x):
-    """exp(x) / (sum of exp(x) over all ranks): right on paper, inf/nan for large logits."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        e = np.exp(x)
-        return e / allreduce(ctx, np.array([e.sum()], x.dtype), "sum")[0]
-
-
-def distributed_l2(ctx, g):
-    """||g|| over all ranks' shards, safe for any float32 g: squares of g/max|g| lie in [0, 1]."""
-    # >>> exercise: l2_norm
-    scale = allreduce(ctx, np.array([np.max(np.abs(g), initial=0)], g.dtype), "max")[0]
-    if scale == 0:  # scale is global, so every rank takes this branch together
-        return g.dtype.type(0)
-    local = np.sum(np.square(g / scale))
-    return scale * np.sqrt(allreduce(ctx, np.array([local], g.dtype), "sum")[0])
-    # <<< exercise: l2_norm
-
-
-def naive_l2(ctx, g):
-    with np.errstate(over="ignore", under="ignore"):
-        return np.sqrt(allreduce(ctx, np.array([np.sum(np.square(g))], g.dtype), "sum")[0])
-
-
-def gradient_shard(lo, hi, vocab, mag):
-    """g[i] = (-1)^i * mag * 2(i+1)/vocab over global indices: a ramp up to 2*mag, so every shard has
-    its own max |g| (a norm scaled by a rank's own max is wrong, and shows it)."""
-    i = np.arange(lo, hi)
-    return (mag * 2.0 * (i + 1) / vocab * np.where(i % 2, -1.0, 1.0)).astype(np.float32)
-
-
-def squares_in_float32(ctx, g):
-    """Which way g's float32 squares go, over all ranks: '100% normal', '87% subnormal, 13% 0' ..."""
-    from mpi4py import MPI
-    with np.errstate(over="ignore", under="ignore"):
-        sq = np.square(g)
-    mine = np.array([np.sum(np.isinf(sq)), np.sum((sq > 0) & (sq < np.finfo(np.float32).tiny)),
-                     np.sum(sq == 0), sq.size], dtype=np.int64)
-    total = np.empty_like(mine)
-    ctx.comm.Allreduce(mine, total, op=MPI.SUM)  # bookkeeping for the table, not the lesson's subject
-    parts = [f"{100 * k / max(1, total[3]):.0f}% {what}"
-             for k, what in zip(total[:3], ("inf", "subnormal", "0")) if k]
-    return ", ".join(parts) or "100% normal"
-
-
-def main():
-    parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--vocab", type=bootstrap.nonneg_int, default=VOCAB,
-                        help="length of the sharded logit and gradient vectors")
-    parser.add_argument("--scale", type=float, default=SCALE, help="largest logit magnitude")
-    parser.add_argument("--max-norm", type=float, default=MAX_NORM, help="gradient clipping threshold")
-    args, ctx = bootstrap.start(__file__, parser)
-    from mpi4py import MPI
-    n, rank, vocab, scale = ctx.world_size, ctx.rank, args.vocab, args.scale
-    if vocab < 1 or not 0 < scale <= float(np.finfo(np.float32).max) or not args.max_norm > 0:
-        ctx.fail("--vocab must be >= 1, --scale a positive float32 (<= 3.4e38), --max-norm > 0")
-    ctx.params = {"vocab": vocab, "scale": scale, "max_norm": args.max_norm, "piece": PIECE,
-                  "count": COUNT}
-
+def section_gather(ctx):
+    """Section 1: all-gather, broadcast and gather of the same pieces, then an uneven all-gather."""
+    n, rank = ctx.world_size, ctx.rank
     report.section(ctx, f"1. all-gather vs broadcast vs gather, on the same {PIECE}-item pieces"
                    + ("\n   (1 rank: each returns my own data)" if n == 1 else ""))
     piece = rank * PIECE + np.arange(PIECE, dtype=np.float64)  # pieces in rank order make 0, 1, 2 ...
@@ -236,13 +210,18 @@ def main():
                     f"uneven, all-gathered {report.brief(uneven, SHOWN)}")
     assert np.array_equal(everyone, np.arange(n * PIECE)), "all-gather: wrong pieces or order"
     assert np.array_equal(uneven, np.arange(COUNT)), "uneven all-gather: wrong pieces or order"
+    return everyone, from_root, on_root, uneven
 
-    report.section(ctx, f"2. softmax of a {vocab}-logit float32 vector sharded over {n} rank(s), "
+
+def section_softmax(ctx, vocab, scale, a, b):
+    """Section 2: the sharded softmax (my shard a..b-1) against a float64 reference, and the naive one.
+    Returns (my values, the run's values) for the results JSON."""
+    from mpi4py import MPI
+    report.section(ctx, f"2. softmax of a {vocab}-logit float32 vector sharded over {ctx.world_size} rank(s), "
                    f"logits in [-{scale:g}, {scale:g}]")
     rng = np.random.default_rng(SEED)
     logits = (rng.uniform(-1.0, 0.99, vocab) * scale).astype(np.float32)
     logits[vocab // 2] = scale  # the one largest logit sits mid-vector, on a middle rank
-    a, b = chunk_bounds(vocab, n)[rank]
     x = logits[a:b]
     before = HANDED[0]
     p = distributed_softmax(ctx, x)
@@ -268,63 +247,68 @@ def main():
     span = f"{a}..{b - 1}" if b > a else "(empty)"
     report.say(ctx, f"shard {span}  local max {np.max(x, initial=-np.inf):.6g}  "
                     f"max |p - ref| {err:.1e}  naive: max |p - ref| {naive_err:.1e}")
-    if rank == 0:
-        print(f"naive exp(x)/sum(exp(x)): {'right at this scale' if naive_ok else 'WRONG (inf/nan)'}; "
-              f"exp overflows float32 above ln(max) = {np.log(np.finfo(np.float32).max):.2f}.\n"
-              f"sum of all probabilities {mass:.9f}, largest {p_max:.6g} at position {argmax};\n"
-              "p / reference per shard: " + ("no shard has a finite factor" if factor_spread is None else
-                                              f"{'one factor' if factor_spread < 1 + 1e-4 else 'DIFFERS'}"
-                                              f" (max/min {factor_spread:.6g})") + ".\n"
-              f"handed to all-reduce per rank: {softmax_bytes} B (MAX, then SUM, of one float32 each). "
-              "What crosses\nthe wire for them is the library's choice of algorithm (lesson 07): "
-              "a few small messages.\n"
-              f"all-gathering the logits instead would bring each rank (N-1)/N x 4 B x {vocab} = "
-              f"{4 * vocab * (n - 1) // n} B.\nvocabulary-parallel output layers (Megatron-style) do "
-              "the former: each GPU holds a slice of the\nvocabulary, and the full logit row never "
-              "exists on one GPU.", flush=True)
+    show.softmax(ctx, naive_ok, mass, p_max, argmax, factor_spread, softmax_bytes, vocab)
+    return ({"softmax_max_abs_err": err, "softmax_finite": bool(np.isfinite(p).all()), "naive_ok": naive_ok,
+             "softmax_handed_B": softmax_bytes, "softmax_shard_factor": shard_factor},
+            {"prob_total": mass, "argmax": argmax, "p_max": p_max, "shard_factor_spread": factor_spread})
 
+
+def section_l2(ctx, args, a, b):
+    """Section 3: the scaled and the naive norm at each magnitude, then the clip factor.
+    Returns ({magnitude: (scaled norm, naive norm)}, my clip factor, every rank's clip factor)."""
+    vocab = args.vocab
     report.section(ctx, f"3. L2 norm of a sharded float32 gradient g[i] = (-1)^i mag 2(i+1)/{vocab}, "
                         "and the clip factor")
-    f32 = np.finfo(np.float32)
     rows, norms = [], {}
     for mag in MAGNITUDES:
         g = gradient_shard(a, b, vocab, mag)
         robust, plain = float(distributed_l2(ctx, g)), float(naive_l2(ctx, g))
         exact = np.sqrt(ctx.comm.allreduce(float(np.sum(np.square(g.astype(np.float64))))))
         norms[mag] = (robust, plain)
-        rel = [abs(v - exact) / exact if np.isfinite(v) else float("inf") for v in (robust, plain)]
-        rows.append((f"{mag:g}", squares_in_float32(ctx, g), robust, f"{rel[0]:.1e}", plain, f"{rel[1]:.1e}"))
-    if rank == 0:
-        print(report.table(["mag", "float32 squares", "scaled norm", "rel err", "naive norm", "rel err"],
-                           rows, align=[False, False, True, True, True, True]))
-        print(f"rel err: against the root of the float64 sum of squares. A float32 square overflows "
-              f"above\nsqrt(max) = {np.sqrt(f32.max):.1e}, is subnormal below sqrt(tiny) = "
-              f"{np.sqrt(f32.tiny):.1e} and rounds to 0 below\nsqrt(smallest subnormal / 2) = "
-              f"{np.sqrt(float(f32.smallest_subnormal) / 2):.1e}; a sum of n squares overflows once "
-              f"|g| ~ sqrt(max / n)\n= {np.sqrt(f32.max / vocab):.1e} for n = {vocab}. The scaled norm "
-              f"works for any finite float32 g whose norm is\nitself below max = {f32.max:.2e}.",
-              flush=True)
+        rows.append(show.norm_row(ctx, mag, g, robust, plain, exact))  # collective: counts the squares
+    show.norms(ctx, rows, vocab)
     norm = norms[1.0][0]
     clip = min(1.0, args.max_norm / (norm + 1e-6))  # as torch's clip_grad_norm_: max_norm/(norm+eps)
-    clips = ctx.comm.allgather(clip)
     report.say(ctx, f"||g|| = {norm:.6g}  clip factor = min(1, {args.max_norm:g} / (||g|| + 1e-6)) "
                     f"= {clip:.9g}")
+    return norms, clip, ctx.comm.allgather(clip)
 
+
+def section_across(ctx, vocab):
+    """Section 4: softmax ACROSS ranks at each position: (my p_r, the sums of p over the ranks)."""
     report.section(ctx, "4. not the same thing: softmax ACROSS ranks at each position"
-                   + ("\n   (1 rank: every p is 1)" if n == 1 else ""))
-    k = 4
-    xr = rank * np.arange(k, dtype=np.float32)  # rank r holds x_r[i] = r*i at positions 0..3
-    m = allreduce(ctx, xr, "max")               # element-wise: k values travel, not 1
+                   + ("\n   (1 rank: every p is 1)" if ctx.world_size == 1 else ""))
+    xr = ctx.rank * np.arange(4, dtype=np.float32)  # rank r holds x_r[i] = r*i at positions 0..3
+    m = allreduce(ctx, xr, "max")                   # element-wise: 4 values travel, not 1
     e = np.exp(xr - m)
     pr = e / allreduce(ctx, e, "sum")
     col = allreduce(ctx, pr.astype(np.float64), "sum")
-    report.say(ctx, f"x_r = {xr}  p_r = {np.round(pr, 4)}")
-    if rank == 0:
-        print(f"each position i is normalised over the {n} ranks: sum over ranks of p_r[i] = "
-              f"{np.round(col, 6)};\nthe sharded softmax of section 2 normalises one vector over all "
-              f"{vocab} positions\n(its total is 1, not {k}). Here 2 x {k} floats per rank are handed "
-              "to all-reduce, there 2 scalars.",
-              flush=True)
+    show.across(ctx, xr, pr, col, vocab)
+    return pr, col
+
+
+def flags():
+    parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--vocab", type=bootstrap.nonneg_int, default=VOCAB,
+                        help="length of the sharded logit and gradient vectors")
+    parser.add_argument("--scale", type=float, default=SCALE, help="largest logit magnitude")
+    parser.add_argument("--max-norm", type=float, default=MAX_NORM, help="gradient clipping threshold")
+    return parser
+
+
+def main():
+    args, ctx = bootstrap.start(__file__, flags())
+    vocab, scale = args.vocab, args.scale
+    if vocab < 1 or not 0 < scale <= float(np.finfo(np.float32).max) or not args.max_norm > 0:
+        ctx.fail("--vocab must be >= 1, --scale a positive float32 (<= 3.4e38), --max-norm > 0")
+    ctx.params = {"vocab": vocab, "scale": scale, "max_norm": args.max_norm, "piece": PIECE,
+                  "count": COUNT}
+
+    everyone, from_root, on_root, uneven = section_gather(ctx)        # 1. all-gather vs bcast, gather
+    a, b = chunk_bounds(vocab, ctx.world_size)[ctx.rank]               # my shard of the vocabulary
+    softmax, softmax_run = section_softmax(ctx, vocab, scale, a, b)    # 2. two scalars per rank
+    norms, clip, clips = section_l2(ctx, args, a, b)                   # 3. the norm, any magnitude
+    pr, col = section_across(ctx, vocab)                               # 4. the contrast
 
     report.finish(ctx, {
         "allgather_n": int(everyone.size),
@@ -332,14 +316,12 @@ def main():
         "bcast_sum": float(from_root.sum()), "gather_n": int(on_root.size),
         "allgatherv_n": int(uneven.size),
         "allgatherv_wsum": float((np.arange(uneven.size) * uneven).sum()),
-        "softmax_max_abs_err": err, "softmax_finite": bool(np.isfinite(p).all()),
-        "naive_ok": naive_ok, "softmax_handed_B": softmax_bytes, "softmax_shard_factor": shard_factor,
+        **softmax,
         "l2_tiny": norms[1e-30][0], "l2_subnormal": norms[1e-22][0], "l2_one": norms[1.0][0],
         "l2_huge": norms[1e30][0],
         "naive_l2_tiny": norms[1e-30][1], "naive_l2_huge_finite": bool(np.isfinite(norms[1e30][1])),
         "clip": clip, "elem_p0": float(pr[0]), "elem_colsum_err": float(np.max(np.abs(col - 1)))},
-        summary={"prob_total": mass, "argmax": argmax, "p_max": p_max, "shard_factor_spread": factor_spread,
-                 "clip_spread": max(clips) - min(clips)})
+        summary={**softmax_run, "clip_spread": max(clips) - min(clips)})
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ import pytest
 
 from common.shards import counts_displs
 from conftest import load_lesson
+from lessons.send_recv_deadlock.watch import Unbuffered
 
-L01 = load_lesson("01_send_recv_deadlock.py")
 L02 = load_lesson("02_isend_irecv.py")
 L03 = load_lesson("03_broadcast_scatter.py")
 L04 = load_lesson("04_allgather_softmax_l2.py")
@@ -26,7 +26,7 @@ def test_unbuffered_send_waits_for_its_receive_and_says_deadlock():
     calls = []
     comm = types.SimpleNamespace(rank=1, size=2, Issend=lambda buf, dest, tag: calls.append("Issend") or Request(False),
                                  Irecv=lambda buf, source, tag: Request(True))
-    strict = L01.Unbuffered(comm, 0.05)
+    strict = Unbuffered(comm, 0.05)
     strict.Recv(None, source=0, tag=1)                      # a matched receive returns
     with pytest.raises(RuntimeError, match=r"deadlock: rank 1's Send\(dest=0\) waited 0.05 s"):
         strict.Send(None, dest=0, tag=1)                    # a plain Send is held to Ssend's rule

@@ -9,8 +9,11 @@ import types
 
 import pytest
 
-from conftest import ROOT, load_lesson
+from conftest import ROOT
 from common import mpilib
+from lessons.data_parallel import show as data_parallel_show
+from lessons.isend_irecv import show as isend_irecv_show
+from lessons.send_recv_deadlock import show as send_recv_show
 
 MPICH = ("MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 20:45:26 UTC 2026\nMPICH ABI:          "
          "18:2:6\nMPICH Device:       ch4:ucx ofi\nMPICH configure:    --with-device=ch4:ucx,ofi\n")
@@ -60,13 +63,11 @@ def _foreign(kind, text):
 def test_lessons_speak_of_the_library_that_ran(kind, monkeypatch):
     lib = LIBS[kind]
     monkeypatch.setattr(mpilib, "current", lambda: lib)
-    l01, l02, l08 = (load_lesson(f) for f in ("01_send_recv_deadlock.py", "02_isend_irecv.py",
-                                              "08_data_parallel.py"))
     ctx = types.SimpleNamespace(transport="mpi", single_node=True, world_size=2, api="mpi4py")
     summary = {"overlap_hooks": 0.5, "overlap_after": 0.0, "done_after_backward": [0, 1],
                "calls_bucketed": 4}
-    said = {"01": l01.eager_setting(lib), "02": "\n".join(l02.why_overlap(ctx, lib)),
-            "08": "\n".join(l08.where_it_runs(ctx, summary))}
+    said = {"01": send_recv_show.eager_setting(lib), "02": "\n".join(isend_irecv_show.why_overlap(ctx, lib)),
+            "08": "\n".join(data_parallel_show.where_it_runs(ctx, summary))}
     for lesson, text in said.items():
         assert not _foreign(kind, text), f"lesson {lesson} on {lib.name} says {_foreign(kind, text)}: {text}"
     assert all(len(line) <= 100 for line in said["02"].splitlines()), said["02"]  # 01, 08 wrap theirs
