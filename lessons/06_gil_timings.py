@@ -5,43 +5,28 @@ CPython's global interpreter lock (GIL) lets one thread at a time run Python byt
 let go of it while it works without touching Python objects: NumPy does for large arrays,
 time.sleep and blocking I/O do, and so do communication libraries (mpi4py, torch.distributed) while
 they wait. The lesson measures what that means:
-
-  1. three kinds of work, each done serially, by T threads and by P processes (T = P = --workers):
-     a pure-Python loop, a large NumPy operation, and a wait (a sleep standing for I/O or a comm call);
+  1. a pure-Python loop, a large NumPy operation and a wait (a sleep standing for I/O or a comm call),
+     each done serially, by T threads and by P processes (T = P = --workers), inside rank 0;
   2. the same pure-Python work split across the MPI ranks of this run: ranks are processes too;
-  3. a pure-Python thread computing while the main thread waits for a message: in MPI Recv
-     (mpi4py), in dist.recv (gloo), or, on NCCL, in the CUDA sync that reads what dist.recv queued;
-     against a C call that keeps the GIL (libc usleep through ctypes.PyDLL, standing for a library
-     that forgot to release it). 'its cpu ms' shows whether the waiting thread slept or spun: a
-     released GIL is not an idle core (a blocking Recv polls by default in MPICH and Open MPI
-     alike, and takes a core while it does; the lesson says what this run's wait did);
+  3. a pure-Python thread computing while the main thread waits for a message (MPI Recv, dist.recv,
+     or on NCCL the CUDA sync that reads it), against a C call that keeps the GIL; 'its cpu ms' shows
+     whether the waiting thread slept or spun (a released GIL is not an idle core);
   4. a speedup table against one serial time, and the conclusions these numbers support.
-The thread and process experiments run inside rank 0; the other ranks wait without using a core.
-The worker processes are spawned fresh (no copy of this rank's MPI state) and each starts its own
-session, as mpiexec does for ranks: Linux's autogroup scheduler shares cpu per session, so without
-that, P busy workers would get one process's share on a loaded machine.
 
 Why one process per GPU (DistributedDataParallel), not one thread per GPU (the old DataParallel):
-the Python a training step runs (the forward's module calls, the loss, the optimizer's update, the
-loop itself) holds the GIL, so threads would take turns on it, as the pure-Python thread column
-shows; a single process would also copy the model to every GPU each step and scatter the inputs and
-gather the outputs through one of them. Backward is not the reason (autograd's engine runs in C++),
-nor data loading (DataLoader's workers are processes already).
+the Python a training step runs (module calls, loss, optimizer, the loop) holds the GIL, so threads
+would take turns on it, as the pure-Python thread column shows. Not backward (autograd's engine runs
+in C++), nor data loading (DataLoader's workers are processes already).
 
-What to watch for:
-  * pure-Python threads gain nothing (about 1x) while the GIL is on; processes and ranks scale with
-    the usable cores; NumPy threads gain because NumPy releases the GIL; waits overlap in threads;
-  * a blocking receive keeps (most of) the compute thread's speed; a wait that holds the GIL stops it;
-  * a free-threaded Python (3.13t+, GIL off) makes the thread column scale too: the lesson says so.
-Timings on a loaded machine are noisy: the modes take turns and each time is the best of --repeat.
-The YAML checks every result against a closed form (and that each rank looped over its own part
-only), and only the timing relations that held on a loaded 2-core machine: pure-Python threads keep
-at most one core busy with the GIL on, waits overlap, the GIL-holding call stops the thread, the
-receive does not. The speedups themselves are printed, not checked.
+What to watch for: pure-Python threads gain nothing (about 1x) while the GIL is on; processes and
+ranks scale with the usable cores; NumPy threads and waits overlap; a blocking receive keeps the
+compute thread's speed, a wait that holds the GIL stops it; a free-threaded Python (3.13t+) makes
+the thread column scale too. On a loaded machine times are noisy: each is the best of --repeat.
 
 Run it:
   make lesson-06 NP=2                       (or API=torch)
   .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py lessons/06_gil_timings.py --api mpi4py
+Read next: lesson 07 (all-reduce algorithms, built on the exchanges of lesson 05).
 """
 import argparse
 import ctypes
@@ -49,7 +34,6 @@ import ctypes.util
 import os
 import sys
 import sysconfig
-import textwrap
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -59,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bootstrap, report, timing  # noqa: E402
+from lessons.gil_timings import show  # noqa: E402
 
 LOOP = 4_000_000          # pure-Python loop iterations in all (split over the tasks)
 NUMPY_COUNT = 4_000_000   # float64 elements in all for sin^2 + cos^2
@@ -69,7 +54,6 @@ REPEAT = 3                # each time is the best of this many runs
 MSG_COUNT = 1024          # int64 elements in part 3's message
 BATCH = 2_000             # loop iterations per unit of the compute thread's progress
 TAG = 6
-WIDTH = 100               # printed lines wrap here
 LOOPED = [0]              # items cpu_task looped over in this process since the last reset
 
 
@@ -166,15 +150,6 @@ def exit_with_parent(parent):
 def whoami(_):
     _started.wait(timeout=120)  # returns only when all P workers are up: one call per process
     return os.getpid()
-
-
-def autogroup_note():
-    try:
-        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
-            on = f.read().strip() == "1"
-    except OSError:
-        return ""
-    return ": linux autogroup is on here, so cpu is shared per session" if on else ""
 
 
 def race(runs, repeat):
@@ -274,15 +249,6 @@ def wait_for_message(ctx, buf):
     return int(buf.sum())
 
 
-def recv_label(ctx):
-    """What part 3's main thread really waits in, per API and transport."""
-    if ctx.api == "mpi4py":
-        return "main thread blocked in MPI Recv" + (" (host memory)" if ctx.device == "gpu" else "")
-    if ctx.transport == "nccl":
-        return "main thread in the CUDA sync after dist.recv"
-    return "main thread blocked in dist.recv (gloo)"
-
-
 def send_message(ctx):
     if ctx.api == "torch":
         import torch
@@ -322,16 +288,15 @@ def wait_once(ctx, how, hold_s, holder):
 
 def keep_computing(ctx, hold_s, repeat):
     """Part 3: the compute thread's speed while the main thread waits in three ways, taking turns;
-    the best of `repeat` turns for each (the least disturbed by other work on the machine)."""
+    the best of `repeat` turns for each (the least disturbed by other work on the machine).
+    Rank 0: (results for the runner, {how: its best turn}, {how: every turn's cpu ms})."""
     holder = gil_holding_sleep()
-    waits = [("solo: main thread idle in time.sleep", "sleep", False),
-             (recv_label(ctx), "recv", True),
-             ("main thread in a C call that keeps the GIL", "hold", False)]
-    waits = [w for w in waits if not (w[2] and ctx.world_size < 2)]  # a message needs a second rank
-    waits = [w for w in waits if not (w[1] == "hold" and holder is None)]
+    waits = [("sleep", False), ("recv", True), ("hold", False)]  # (how the main thread waits, needs rank 1)
+    waits = [w for w in waits if not (w[1] and ctx.world_size < 2)]  # a message needs a second rank
+    waits = [w for w in waits if not (w[0] == "hold" and holder is None)]
     best, cpus = {}, {}  # cpu: every turn's, as a polling wait burns more in some turns than others
     for _ in range(repeat):
-        for label, how, needs_peer in waits:  # every rank walks the same list: barriers stay matched
+        for how, needs_peer in waits:  # every rank walks the same list: barriers stay matched
             quiet_barrier(ctx.comm)
             if ctx.rank == 1 and needs_peer:
                 time.sleep(hold_s + 0.01)  # the message "arrives later" (rank 0 starts 10 ms late)
@@ -342,91 +307,63 @@ def keep_computing(ctx, hold_s, repeat):
                 if how not in best or turn[0] > best[how][0]:
                     best[how] = turn
     if ctx.rank != 0:
-        return {}, []
+        return {}, best, cpus
     solo = best["sleep"][0]
     got = {f"{how}_fraction": round(ratio(best[how][0], solo), 3) for how in best if how != "sleep"}
     if "recv" in best:
         got.update(recv_sum=best["recv"][3], recv_waited_ms=best["recv"][1], recv_cpu_ms=max(cpus["recv"]),
                    recv_cpu_ms_least=min(cpus["recv"]))
-    table = [(label, best[how][1], f"{min(cpus[how]):.1f}" + (f"-{max(cpus[how]):.1f}" if repeat > 1 else ""),
-              round(best[how][0]),
-              round(ratio(best[how][0], solo), 2)) for label, how, _ in waits]
-    return got, table
+    return got, best, cpus
 
 
-def gains(x):
-    """How a measured speedup reads: the thresholds the YAML uses for its relations."""
-    return "gain" if x >= 1.3 else "no real gain"
+def three_ways(args):
+    """Part 1, on rank 0: the three kinds of work, each serially, in T threads and in P processes;
+    {kind: {mode: (best seconds, result, cores)}}, the worker pids, and how long they took to start.
+    The workers are spawned fresh (no copy of this rank's MPI state), each in its own session."""
+    workers, t0 = args.workers, timing.now(timing.HOST)
+    spawn = get_context("spawn")  # fresh interpreters: no copy of this rank's MPI or threads
+    procs = ProcessPoolExecutor(workers, mp_context=spawn, initializer=join_pool,
+                                initargs=(spawn.Barrier(workers), os.getpid()))
+    try:
+        pids = set(procs.map(whoami, range(workers)))  # start them all now, outside the timings
+        started = timing.now(timing.HOST) - t0
+        cut = [split_range(args.loop, workers, i) for i in range(workers)]
+        np_cut = [split_range(args.numpy_count, workers, i) for i in range(workers)]
+        kinds = [("cpu", cpu_task, cut), ("numpy", numpy_task, np_cut),
+                 ("wait", wait_task, [args.wait_ms / 1e3 / workers] * workers)]
+        return race_three_ways(kinds, workers, args.repeat, procs), pids, started
+    finally:
+        procs.shutdown()
 
 
-def wait_story(ctx, got):
-    """What part 3's receive shows: whether the compute thread kept going, and whether the waiting
-    thread slept or spun (a released GIL is not an idle core)."""
-    kept, cpu, least, waited = (got[k] for k in ("recv_fraction", "recv_cpu_ms", "recv_cpu_ms_least",
-                                                  "recv_waited_ms"))
-    where = ("in MPI Recv" if ctx.api == "mpi4py" else "in dist.recv" if ctx.transport == "gloo" else
-             "after dist.recv (on nccl it only queues the receive; the host waited in the CUDA sync that "
-             "reads the sum)")
-    if kept >= 0.6:
-        lines = [f"a compute thread kept {kept:.0%} of its speed while its rank waited {where}: the wait "
-                 "released the GIL"]
-    elif kept > 0.4:
-        lines = [f"a compute thread kept {kept:.0%} of its speed while its rank waited {where}: the GIL "
-                 "was released, but the thread did not get a core to itself"]
-    else:
-        lines = [f"a compute thread kept only {kept:.0%} of its speed while its rank waited {where}: this "
-                 "wait held the GIL, or left the thread no core"]
-    if waited > 0 and cpu / waited > 0.5:
-        lines.append(f"yet the waiting thread was not always idle: in one turn it used {cpu:.0f} ms of cpu "
-                     f"in about {waited:.0f} ms (it polled rather than slept; least {least:.0f} ms). A released "
-                     "GIL is not a free core: where no core is spare, polling takes cpu from the other threads")
-    else:
-        lines.append(f"and the waiting thread used little cpu: at most {cpu:.0f} ms in about {waited:.0f} ms")
-    return lines
+def tally(timed, pids):
+    """Part 1's results for the runner ({kind}_result_{mode}, {kind}_time_{mode}, ...) and the speedups
+    against serial ({kind}_threads, {kind}_processes)."""
+    summary, speed = {"worker_pids": len(pids - {os.getpid()})}, {}
+    for kind, modes in timed.items():
+        serial = modes["serial"][0]
+        for mode, (seconds, result, _) in modes.items():
+            summary[f"{kind}_result_{mode}"] = result
+            summary[f"{kind}_time_{mode}"] = round(seconds, 4)
+        speed[f"{kind}_threads"] = ratio(serial, modes["threads"][0])
+        speed[f"{kind}_processes"] = ratio(serial, modes["processes"][0])
+    summary["cpu_threads_cores"] = round(timed["cpu"]["threads"][2], 3)
+    return summary, speed
 
 
-def conclusions(ctx, speed, got, gil_on, cores):
-    """Sentences the measured numbers support (speed: {kind_mode: x vs serial}; got: part 3)."""
-    cpu_t, cpu_p, ranks = speed["cpu_threads"], speed["cpu_processes"], speed["cpu_ranks"]
-    want = "no real gain" if gil_on else "gain"
-    lines = [f"pure-Python threads: {cpu_t:.2f}x ({gains(cpu_t)}); with the GIL "
-             f"{'on one thread runs Python at a time' if gil_on else 'off they should scale'}"
-             + ("" if gains(cpu_t) == want else ": not what the GIL state predicts, a noisy run?")]
-    busy = "" if min(cpu_p, ranks) >= 1.3 or cores < 2 else ": less than the cores allow, is the machine busy?"
-    lines.append(f"processes: {cpu_p:.2f}x, MPI ranks: {ranks:.2f}x on {cores} usable core(s): each "
-                 f"has its own interpreter and GIL{busy}")
-    lines.append(f"NumPy threads: {speed['numpy_threads']:.2f}x ({gains(speed['numpy_threads'])})" +
-                 (": its loops run in C with the GIL released" if speed["numpy_threads"] >= 1.3 else
-                  ": NumPy releases the GIL in its loops, but this run shows no gain from it"))
-    lines.append(f"waits in threads: {speed['wait_threads']:.2f}x" +
-                 (": a sleeping thread holds no GIL, so waits overlap whatever the GIL does"
-                  if speed["wait_threads"] >= 1.3 else ": the waits did not overlap here, a noisy run?"))
-    if "recv_fraction" in got:
-        lines += wait_story(ctx, got)
-    if "hold_fraction" in got:
-        lines.append(f"a C call that kept the GIL left the compute thread {got['hold_fraction']:.0%} of its "
-                     "speed" + (": a comm library that held the GIL while waiting would freeze every other "
-                                "thread of the rank" if got["hold_fraction"] < 0.4 else
-                                ", not the freeze the GIL predicts: a noisy run?"))
-    if gil_on and cpu_t < 1.3:
-        shown = "as the process column shows" if max(cpu_p, ranks) >= 1.3 else \
-            "which this run's busy cores hide, but the thread column still shows the GIL"
-        lines.append("so PyTorch's DistributedDataParallel runs one process per GPU, not one thread: the "
-                     "Python a step runs (the forward's module calls, the loss, the optimizer's update, the "
-                     "loop) holds the GIL, so threads would take turns on it while processes run side by "
-                     f"side ({shown}). Not backward (autograd's engine is C++), nor data loading "
-                     "(DataLoader's workers are processes)")
-    return lines
+def over_ranks(ctx, total, repeat):
+    """Part 2: sum_over_ranks, best of `repeat`; (my bounds, the whole sum, items I looped over, seconds)."""
+    sync, best = timing.syncer(ctx), float("inf")
+    for _ in range(repeat):
+        quiet_barrier(ctx.comm)
+        LOOPED[0] = 0  # cpu_task counts the items it loops over from here
+        t0 = timing.now(sync)
+        bounds, whole = sum_over_ranks(ctx, total)
+        best = min(best, timing.now(sync) - t0)
+    return bounds, whole, LOOPED[0], best
 
 
-def wrapped(text, indent=""):
-    """text within WIDTH columns, continuation lines indented two more than `indent`."""
-    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
-                         break_on_hyphens=False)  # "ping-pong", "pure-Python" stay whole
-
-
-def main():
-    cores = usable_cores()
+def flags(cores):
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--workers", type=workers_count, default=max(2, min(4, cores)),
                         help="T threads = P processes = tasks (default: min(4, usable cores), at least 2)")
@@ -437,107 +374,37 @@ def main():
     parser.add_argument("--hold-ms", type=positive_int, default=HOLD_MS,
                         help="how long part 3's main thread waits, in ms")
     parser.add_argument("--repeat", type=positive_int, default=REPEAT, help="best of this many runs")
-    args, ctx = bootstrap.start(__file__, parser)
-    text, gil_on, free_build = interpreter()
-    workers, n = args.workers, ctx.world_size
-    ctx.params = {"workers": workers, "loop": args.loop, "numpy_count": args.numpy_count,
+    return parser
+
+
+def main():
+    cores = usable_cores()
+    args, ctx = bootstrap.start(__file__, flags(cores))
+    said, gil_on, free_build = interpreter()
+    ctx.params = {"workers": args.workers, "loop": args.loop, "numpy_count": args.numpy_count,
                   "wait_ms": args.wait_ms, "hold_ms": args.hold_ms, "repeat": args.repeat,
                   "msg_count": MSG_COUNT, "cores": cores, "gil": gil_on, "free_threaded_build": free_build}
-
-    report.section(ctx, f"0. the interpreter: {text}; {cores} usable core(s) on rank 0")
+    show.interpreter(ctx, said, gil_on, cores)                               # 0. which Python, how busy
+    show.part(ctx, 1, args, cores)                                           # 1. serial, threads, processes
+    summary, speed, timed = {}, {}, {}
+    if ctx.rank == 0:                                                        #    all inside rank 0
+        timed, pids, started = three_ways(args)
+        summary, speed = tally(timed, pids)                                  #    the results, the speedups
+        show.three_ways(timed, len(pids), started, summary["cpu_threads_cores"])
+    quiet_barrier(ctx.comm)                                                  #    the other ranks sleep meanwhile
+    show.part(ctx, 2, args, cores)                                           # 2. the same loop over the ranks
+    (lo, hi), whole, looped, best = over_ranks(ctx, args.loop, args.repeat)
+    if ctx.rank == 0:                                                        #    against part 1's serial time
+        speed["cpu_ranks"], summary["cpu_time_ranks"] = ratio(timed["cpu"]["serial"][0], best), round(best, 4)
+    show.over_ranks(ctx, lo, hi, looped, whole, timed, best, speed)
+    show.part(ctx, 3, args, cores)                                           # 3. compute while the rank waits
+    got, turns, cpus = keep_computing(ctx, args.hold_ms / 1e3, args.repeat)
+    show.waits(ctx, turns, cpus, args.repeat)
+    summary.update(got)
+    show.part(ctx, 4, args, cores)                                           # 4. the speedups, what they show
+    show.speedups(ctx, timed, best, speed, got, gil_on, cores)
     if ctx.rank == 0:
-        if hasattr(os, "getloadavg") and os.getloadavg()[0] > cores:  # more runnable work than cores
-            print(wrapped(f"the machine is busy (load average {os.getloadavg()[0]:.1f} on {cores} cores): "
-                          "other work competes for the cores, so the speedups will be lower and noisier; "
-                          "run it again on an idle machine for cleaner ones"))
-        if gil_on:
-            print(wrapped("with the GIL on, only one thread runs Python bytecode at a time: expect the "
-                          "pure-Python thread column near 1x"))
-        else:
-            print(wrapped("the GIL is OFF: threads run Python in parallel, so the pure-Python thread column "
-                          "is expected to scale like the process column"))
-
-    report.section(ctx, f"1. the same work serially, with {workers} threads, with {workers} processes "
-                        f"(rank 0; best of {args.repeat})")
-    summary, speed = {}, {}
-    if ctx.rank == 0:
-        t0 = timing.now(timing.HOST)
-        spawn = get_context("spawn")  # fresh interpreters: no copy of this rank's MPI or threads
-        procs = ProcessPoolExecutor(workers, mp_context=spawn, initializer=join_pool,
-                                    initargs=(spawn.Barrier(workers), os.getpid()))
-        try:
-            pids = set(procs.map(whoami, range(workers)))  # start them all now, outside the timings
-            started = timing.now(timing.HOST) - t0
-            print(wrapped(f"started {len(pids)} worker processes in {started * 1e3:.0f} ms (not in the "
-                          "timings); each in its own session, as mpiexec starts ranks" + autogroup_note()))
-            cut = [split_range(args.loop, workers, i) for i in range(workers)]
-            np_cut = [split_range(args.numpy_count, workers, i) for i in range(workers)]
-            kinds = [("cpu", cpu_task, cut), ("numpy", numpy_task, np_cut),
-                     ("wait", wait_task, [args.wait_ms / 1e3 / workers] * workers)]
-            timed = race_three_ways(kinds, workers, args.repeat, procs)
-        finally:
-            procs.shutdown()
-        summary["worker_pids"] = len(pids - {os.getpid()})
-        rows = []
-        for kind, modes in timed.items():
-            serial = modes["serial"][0]
-            for mode, (seconds, result, _) in modes.items():
-                summary[f"{kind}_result_{mode}"] = result
-                summary[f"{kind}_time_{mode}"] = round(seconds, 4)
-            speed[f"{kind}_threads"] = ratio(serial, modes["threads"][0])
-            speed[f"{kind}_processes"] = ratio(serial, modes["processes"][0])
-            rows.append([kind, round(serial * 1e3, 1), round(modes["threads"][0] * 1e3, 1),
-                         round(modes["processes"][0] * 1e3, 1), round(speed[f"{kind}_threads"], 2),
-                         round(speed[f"{kind}_processes"], 2)])
-        summary["cpu_threads_cores"] = round(timed["cpu"]["threads"][2], 3)
-        print(wrapped(f"pure-Python threads kept {summary['cpu_threads_cores']:.2f} cores busy, serial "
-                      f"{timed['cpu']['serial'][2]:.2f} (cpu seconds per wall second of rank 0; the GIL caps "
-                      "threads at 1 however many cores are free)"))
-        serial = timed["cpu"]["serial"][0]  # the one serial time every speedup of the loop is measured against
-    quiet_barrier(ctx.comm)  # the other ranks sleep here instead of spinning on a core
-
-    report.section(ctx, f"2. the pure-Python loop split across the {n} MPI rank(s) "
-                        f"(best of {args.repeat}, barrier to all-reduce)")
-    sync, best = timing.syncer(ctx), float("inf")
-    for _ in range(args.repeat):
-        quiet_barrier(ctx.comm)
-        LOOPED[0] = 0  # cpu_task counts the items it loops over from here
-        t0 = timing.now(sync)
-        (lo, hi), whole = sum_over_ranks(ctx, args.loop)
-        best = min(best, timing.now(sync) - t0)
-        looped = LOOPED[0]
-    report.say(ctx, f"pid {os.getpid()}  my part [{lo}, {hi})  looped over {looped}\nall parts' sum {whole}")
-    if ctx.rank == 0:
-        speed["cpu_ranks"] = ratio(serial, best)
-        summary["cpu_time_ranks"] = round(best, 4)
-        print(f"serial (part 1): {serial * 1e3:.1f} ms, split across {n} rank(s): {best * 1e3:.1f} ms "
-              f"-> {speed['cpu_ranks']:.2f}x")
-        rows[0].append(round(best * 1e3, 1))
-        rows[0].append(round(speed["cpu_ranks"], 2))
-        for row in rows[1:]:
-            row += ["", ""]
-
-    report.section(ctx, f"3. a pure-Python thread computes while the main thread waits {args.hold_ms} ms "
-                        f"(rank 0; best of {args.repeat})")
-    got, wait_rows = keep_computing(ctx, args.hold_ms / 1e3, args.repeat)
-    if ctx.rank == 0:
-        if n < 2:
-            print("(with 1 rank there is no one to send a message: the Recv rows need NP >= 2)")
-        print(report.table(["main thread", "waited ms", "its cpu ms", "thread batches/s", "of solo"],
-                           wait_rows, align=[False, True, True, True, True]))
-        print(wrapped("the compute thread keeps its speed only when the wait releases the GIL; 'its cpu ms' "
-                      "is the cpu the waiting thread itself used (a polling wait shows up here)"))
-        summary.update(got)
-
-    report.section(ctx, f"4. speedups vs serial ({workers} workers, {n} rank(s), {cores} usable core(s))")
-    if ctx.rank == 0:
-        print(report.table(["work", "serial ms", "threads ms", "procs ms", "threads x", "procs x",
-                            "ranks ms", "ranks x"], rows,
-                           align=[False, True, True, True, True, True, True, True]))
-        for line in conclusions(ctx, speed, got, gil_on, cores):
-            print(wrapped("* " + line))
         summary.update({f"{k}_speedup": round(v, 3) for k, v in speed.items()})
-
     report.finish(ctx, {"lo": lo, "hi": hi, "looped": looped, "ranks_sum": whole}, summary=summary)
 
 

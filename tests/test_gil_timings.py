@@ -1,7 +1,9 @@
-"""Unit tests for lesson 06's pure parts (no MPI: the lesson imports MPI only inside main)."""
+"""Unit tests for lesson 06's pure parts (no MPI: the lesson imports MPI only inside main), and for the
+sentences its show.py picks from the numbers."""
 import pytest
 
 from conftest import load_lesson
+from lessons.gil_timings import show
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +67,15 @@ def ctx(api="mpi4py", transport="mpi", device="cpu"):
     return SimpleNamespace(api=api, transport=transport, device=device)
 
 
-def test_conclusions_follow_the_numbers(lesson):
+def test_conclusions_follow_the_numbers():
     speed = {"cpu_threads": 0.95, "cpu_processes": 1.9, "cpu_ranks": 1.8, "numpy_threads": 1.6,
              "wait_threads": 2.0}
     got = {"recv_fraction": 0.97, "hold_fraction": 0.02, "recv_cpu_ms": 2.0, "recv_cpu_ms_least": 1.0,
            "recv_waited_ms": 200.0}
-    text = "\n".join(lesson.conclusions(ctx(), speed, got, True, 2))
+    text = "\n".join(show.conclusions(ctx(), speed, got, True, 2))
     assert "0.95x (no real gain)" in text and "97%" in text and "one process per GPU" in text
     assert "released the GIL" in text and "little cpu" in text and "freeze" in text
-    text = "\n".join(lesson.conclusions(ctx(), {**speed, "cpu_threads": 1.9}, {}, False, 2))
+    text = "\n".join(show.conclusions(ctx(), {**speed, "cpu_threads": 1.9}, {}, False, 2))
     assert "1.90x (gain)" in text and "noisy" not in text
 
 
@@ -81,19 +83,19 @@ def test_conclusions_follow_the_numbers(lesson):
     (0.9, 180.0, ["released the GIL", "it polled rather than slept"], ["little cpu"]),
     (0.3, 5.0, ["only 30%", "little cpu"], ["released the GIL", "polled"]),
 ])
-def test_the_receive_is_told_as_measured(lesson, kept, cpu, says, not_said):
+def test_the_receive_is_told_as_measured(kept, cpu, says, not_said):
     got = {"recv_fraction": kept, "recv_cpu_ms": cpu, "recv_cpu_ms_least": 1.0, "recv_waited_ms": 193.0}
-    text = " ".join(lesson.wait_story(ctx(), got))
+    text = " ".join(show.wait_story(ctx(), got))
     assert all(s in text for s in says) and not any(s in text for s in not_said), text
 
 
-def test_the_receive_row_names_what_it_waits_in(lesson):
-    assert lesson.recv_label(ctx()) == "main thread blocked in MPI Recv"
-    assert "(host memory)" in lesson.recv_label(ctx(device="gpu", transport="nccl"))
-    assert "gloo" in lesson.recv_label(ctx("torch", "gloo"))
-    assert "CUDA sync" in lesson.recv_label(ctx("torch", "nccl", "gpu"))
+def test_the_receive_row_names_what_it_waits_in():
+    assert show.recv_label(ctx()) == "main thread blocked in MPI Recv"
+    assert "(host memory)" in show.recv_label(ctx(device="gpu", transport="nccl"))
+    assert "gloo" in show.recv_label(ctx("torch", "gloo"))
+    assert "CUDA sync" in show.recv_label(ctx("torch", "nccl", "gpu"))
     got = {"recv_fraction": 0.9, "recv_cpu_ms": 190.0, "recv_cpu_ms_least": 150.0, "recv_waited_ms": 200.0}
-    assert "CUDA sync" in " ".join(lesson.wait_story(ctx("torch", "nccl", "gpu"), got))
+    assert "CUDA sync" in " ".join(show.wait_story(ctx("torch", "nccl", "gpu"), got))
 
 
 def test_cpu_task_counts_what_it_loops_over(lesson):

@@ -104,3 +104,9 @@ def test_count_list_flag():
     for bad in ("", ",", "-5", "1,x"):
         with pytest.raises(argparse.ArgumentTypeError):
             bootstrap.count_list(bad)
+
+
+def test_chunk_sizes_shorten_runs_only_when_too_wide():
+    from lessons.ring_allreduce import show
+    assert show.chunk_sizes([1, 1, 0, 0]) == "1 1 0 0"
+    assert show.chunk_sizes([250001] * 3 + [250000]) == "250001x3 250000"
