@@ -1,4 +1,4 @@
-"""Lesson 07 and its modules (lessons/allreduce_algorithms/: schedules, model, tuner) in one process (no
+"""Lesson 07 and its modules (lessons/allreduce_algorithms/: schedules, model, tuner, show) in one process (no
 MPI): every schedule's sums, matching messages, closed forms, the double binary tree's shape, the TRG
 formulas, the reasons the model misses, and the tuner's switch table."""
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import load_lesson
-from lessons.allreduce_algorithms import model as costs, schedules as sched, tuner as tuner
+from lessons.allreduce_algorithms import model as costs, schedules as sched, show, tuner as tuner
 
 zoo = load_lesson("07_allreduce_algorithms.py")  # the schedules' dispatch, Rabenseifner's, the switch table
 ALGOS = zoo.ALGOS
@@ -173,7 +173,7 @@ def said(model, n=2, cores=2, transport="mpi", walk=1e-7, mrows=(), algos=()):
     real = os.sched_getaffinity
     os.sched_getaffinity = lambda pid: set(range(cores))
     try:
-        return costs.reasons(ctx, model, walk, list(mrows), list(algos))
+        return show.reasons(ctx, model, walk, list(mrows), list(algos))
     finally:
         os.sched_getaffinity = real
 

@@ -1,4 +1,5 @@
-"""Lesson 08's pure parts, in one process: bucket packing and the uneven-shard loss arithmetic (no MPI)."""
+"""Lesson 08's pure parts, in one process: bucket packing, the uneven-shard loss arithmetic, and what
+lessons/data_parallel/show.py says of the overlap figures (no MPI)."""
 import argparse
 import math
 import os
@@ -9,6 +10,7 @@ import pytest
 
 from common import bootstrap, shards
 from conftest import ROOT, load_lesson
+from lessons.data_parallel import show
 
 PATH = os.path.join(ROOT, "lessons", "08_data_parallel.py")
 
@@ -125,6 +127,6 @@ def test_the_overlap_figures_are_read_as_measured(after, hooks, done, says):
     s = {"overlap_after": after, "overlap_hooks": hooks, "done_after_backward": done, "calls_bucketed": 4}
     for transport, words in (("mpi", "Test() calls"), ("gloo", "worker threads"), ("nccl", "CUDA stream")):
         ctx = SimpleNamespace(world_size=2, transport=transport)
-        text = " ".join(dp.where_it_runs(ctx, s))
+        text = " ".join(show.where_it_runs(ctx, s))
         assert says in text and words in text, text
-    assert "nothing to hide" in " ".join(dp.where_it_runs(SimpleNamespace(world_size=1, transport="mpi"), s))
+    assert "nothing to hide" in " ".join(show.where_it_runs(SimpleNamespace(world_size=1, transport="mpi"), s))

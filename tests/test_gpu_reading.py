@@ -309,8 +309,8 @@ def test_lesson_03_times_its_repetitions_on_one_backend_made_before_the_clock():
 def test_lesson_07_says_nothing_of_group_launches_off_nccl(transport):
     import types
 
-    from lessons.allreduce_algorithms import model as zoo_model
-    assert zoo_model.alpha_note(types.SimpleNamespace(transport=transport)) is None
+    from lessons.allreduce_algorithms import show
+    assert show.alpha_note(types.SimpleNamespace(transport=transport)) is None
 
 
 def test_lesson_07_says_what_its_alpha_holds_on_nccl(tmp_path):

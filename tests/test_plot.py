@@ -129,7 +129,8 @@ def test_the_schedule_picture_has_no_overlapping_words(tmp_path, monkeypatch):
     bounds = shards.chunk_bounds(count, n)
     ring05 = [[([(*bounds[s], (r + 1) % n)], [(*bounds[v], (r - 1) % n, "add" if ph == "reduce-scatter" else "copy")])
                for ph, _, s, v in ring.ring_schedule(r, n)] for r in range(n)]
-    grids = {"ring (05)": ring05, "tree (07)": [sched.canonical(zoo.schedule("tree", r, n, count, 2)) for r in range(n)]}
+    grids = {"ring (05)": ring05,
+             "tree (07)": [sched.canonical(zoo.schedule("tree", r, n, count, 2)) for r in range(n)]}
     fig = drawn_figure(monkeypatch, lambda: plot.schedule_png(tmp_path / "s.png", grids, count, "a title"))
     renderer = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer) for t in fig.findobj(lambda a: hasattr(a, "get_text"))

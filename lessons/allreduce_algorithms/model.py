@@ -1,19 +1,17 @@
 """Lesson 07's alpha-beta(-gamma) model: the prediction for each algorithm, and the measurement of
 alpha, beta and gamma on this machine that the prediction uses.
 
-    predict(algo, n, nbytes, alpha, beta, gamma, k)   the formulas in lesson 07's docstring
+    predict(algo, n, nbytes, alpha, beta, gamma, k)   each algorithm's formula (its docstring holds them)
     schedule_cost(every rank's schedule, a, b, g)      the same read off any schedule, round by round
     measure_model(ctx, be, dtype, iters)               ping-pong, a += b, every rank exchanging at once
-    reasons(...), show_model(...)                      what the run measured that the model leaves out
+    ping_step(...), round_overhead(...)                what the model leaves out (show.py says it)
 """
 import math
-import os
-import textwrap
 import time
 
 import numpy as np
 
-from common import bandwidth, buffers, report, timing
+from common import bandwidth, buffers, timing
 from common.timing import BATCHES, best_of
 from lessons.allreduce_algorithms.schedules import Plan, dbt_depth, dbt_schedule, fold, ring_schedule
 
@@ -22,12 +20,12 @@ ITER_BYTES = 1 << 30         # big sizes: at most this many bytes per algorithm 
 PING = [8, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536, 262144, 1 << 20, 4 << 20]  # ping-pong sizes, B
 SMALL = 1024                 # ping-pong sizes up to this are pure latency: alpha is the least of them
 STEP = 3.0                   # a ping-pong jump this many times what the slope predicts is a step
-WIDTH = 100                  # printed lines wrap here
-OFF = 2.0                    # a measured/predicted ratio beyond this (or 1/this) gets its reasons
 
 
 def dbt_chunks(n, nbytes, alpha, beta):
-    """k from the model's optimum of (k + 2D - 1)(alpha + 4*(n/2k)*beta)."""
+    """dbt's k: the k that minimises (k + 2D - 1)*(alpha + 4*(n/2k)*beta), k = sqrt((2D-1)*2n*beta/alpha),
+    rounded, clamped to 1..KMAX; the lesson passes alpha and beta measured while every rank talks at once
+    (what a dbt round costs; on an oversubscribed machine far more than the ping-pong's)."""
     if n < 2 or alpha <= 0 or nbytes == 0:
         return 1
     D = dbt_depth(n)
@@ -35,7 +33,16 @@ def dbt_chunks(n, nbytes, alpha, beta):
 
 
 def predict(algo, n, nbytes, alpha, beta, gamma, k=1):
-    """Predicted seconds (TRG formulas above; dbt read off its schedule)."""
+    """Predicted seconds for N = n ranks and nbytes, by the alpha-beta(-gamma) model (Thakur,
+    Rabenseifner, Gropp 2005): a message of n bytes costs alpha + n*beta, adding n bytes costs n*gamma.
+      tree          2*ceil(lg N)*(alpha + n*beta) + ceil(lg N)*n*gamma
+      rd            lg N*(alpha + n*beta + n*gamma)
+      rabenseifner  2 lg N*alpha + 2(N-1)/N*n*beta + (N-1)/N*n*gamma
+      ring          2(N-1)*alpha + 2(N-1)/N*n*beta + (N-1)/N*n*gamma
+      non-power-of-two (rd, rabenseifner: lg -> floor(lg N) on N'): + 2*alpha + 2*n*beta + n*gamma (pre, post)
+      dbt           read off its schedule (schedule_cost): (k + 2D - 1) rounds, per round
+                    alpha + s*(n/2k)*beta + a*(n/2k)*gamma with s <= 4 chunks sent and a <= 2 added by the
+                    busiest rank, so at most (k + 2D - 1)*(alpha + 2n/k*beta + n/k*gamma)."""
     if n == 1:
         return 0.0
     lg, (p2, r) = math.ceil(math.log2(n)), fold(n)
@@ -166,101 +173,3 @@ def round_overhead(ctx, be, dtype):
 def iterations(pick, size):
     """Timed calls per batch: the plan's, fewer for big sizes (at least one)."""
     return max(1, min(pick["iters"], ITER_BYTES // size) // BATCHES)
-
-
-def wrapped(text, indent=""):
-    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ", break_on_hyphens=False)
-
-
-def reasons(ctx, model, walk, mrows, algos):
-    """What this run measured that the model leaves out, each said only where the numbers show it."""
-    n, cores = ctx.world_size, len(os.sched_getaffinity(0))
-    out = []
-    if n > cores:
-        out.append(f"(a) {n} ranks on {cores} cores: ranks take turns on the cores, so every round also waits "
-                   "for the scheduler (the model assumes a core per rank)")
-    ratio = model["beta_ring"] / model["beta"] if model["beta"] > 0 else float("nan")
-    head = (f"(b) beta with every rank exchanging at once (ring neighbours, 4 MiB): "
-            f"{model['beta_ring'] * 1e12:.1f} ps/B vs the lone ping-pong's {model['beta'] * 1e12:.1f} ps/B "
-            f"(x{ratio:.2f}): ")
-    if not ratio > 0:  # a beta of 0: the 4 MiB exchange took no longer than one item, within the noise
-        out.append(head + "one beta measured 0 (its bytes took no time beyond the noise), so the two are "
-                   "not compared")
-    elif ratio > 1.5:
-        why = ("the ranks' time-sharing of the cores, (a), can explain that alone" if n > cores else
-               "with a core per rank, what they share is the node's memory system" if ctx.single_node and
-               ctx.transport in ("mpi", "gloo") else "something the links share slows them")
-        out.append(head + f"the links are not independent, as the model assumes. {why[0].upper()}{why[1:]}")
-    elif ratio < 1 / 1.5:
-        out.append(head + f"every rank talking moved bytes {1 / ratio:.1f}x faster than the lone ping-pong: the "
-                   "two betas disagree, and a prediction is no better than the beta it uses")
-    else:
-        out.append(head + "within 1.5x, so sharing the links is not what the model misses here")
-    step = ping_step(model["pingpong"], model["alpha"], model["beta"])
-    if step:
-        s0, s1, t0, t1, pred = step
-        why = {"mpi": "on MPI a step like this is often the switch from eager to rendezvous (lesson 01 "
-                      "measures where this MPI switches)",
-               "nccl": "NCCL changes protocol (LL, LL128, Simple) with size; NCCL_PROTO=Simple pins one",
-               "gloo": "this run cannot say why"}[ctx.transport]
-        out.append(f"(c) a step in the ping-pong: {t0 * 1e6:.2f} us at {s0} B, {t1 * 1e6:.2f} us at {s1} B, where "
-                   f"the slope predicts +{pred * 1e6:.2f} us: one straight line does not fit both sides; {why}")
-    rates = [(b, b / t / 1e9) for b, t in model["pingpong"] if b >= 65536 and t > 0]
-    if rates and max(r for _, r in rates) > 1.5 * min(r for _, r in rates):
-        fitted = 1e-9 / model["beta"] if model["beta"] > 0 else 0.0
-        out.append("(d) beta depends on size: ping-pong GB/s " + ", ".join(f"{bandwidth.human(b)} {r:.2f}"
-                                                                            for b, r in rates)
-                   + f" (the fit: {fitted:.2f}): one slope cannot describe them all; where the measured rate is "
-                   "below the fit's, the model predicts too little")
-    walked = [(r[f"{a}_rounds"] * walk * 1e6 / r[f"{a}_us"], a, r["size"])
-              for r in mrows for a in algos if r[f"{a}_us"] > 0]  # every round is walked, empty or not
-    share = max(walked, default=(0.0, "", 0))
-    if share[0] >= 0.25:
-        out.append(f"(e) Python walks each round: {walk * 1e6:.1f} us per round, measured with nothing to send "
-                   f"(the ring on count 0), is outside alpha ({model['alpha'] * 1e6:.1f} us: one exchange, "
-                   f"Python call included); it is up to {share[0]:.0%} of a measured time ({share[1]} at "
-                   f"{share[2]} B): many-round algorithms pay it most")
-    return out
-
-
-def alpha_note(ctx):
-    """What a ping-pong round trip holds besides the transport's latency, where that is a lot (NCCL)."""
-    if ctx.transport == "nccl":
-        return ("on NCCL each round trip timed here is two group launches from the host (the ping's send, "
-                "the pong's receive) and a device sync before rank 0 reads its clock: alpha, half a round "
-                "trip, holds one launch and half a sync besides NCCL's own latency")
-    return None
-
-
-def show_model(ctx, args, model, mrows, walk):
-    a, b, g = model["alpha"], model["beta"], model["gamma"]
-    report.section(ctx, "2. the alpha-beta model, measured on this machine")
-    print(wrapped("ping-pong rank 0 <-> 1 (half round trip: median of the round trips rank 0 timed; the "
-                  "other ranks sleep meanwhile):"))
-    print(report.table(["bytes", "half RTT us"], [(s, round(t * 1e6, 2)) for s, t in model["pingpong"]]))
-    print(wrapped(f"alpha = least half RTT of the sizes <= {SMALL} B = {a * 1e6:.2f} us; beta = least-squares "
-                  f"slope over >= 64 KiB = {b * 1e12:.1f} ps/B ({1e-9 / b if b > 0 else 0:.2f} GB/s); gamma = "
-                  f"dst += src on 1 MiB, every rank at once = {g * 1e12:.1f} ps/B"))
-    if alpha_note(ctx):
-        print(wrapped(alpha_note(ctx)))
-    print(wrapped(f"measured: best of {BATCHES} interleaved batches of time_op (slowest rank's mean); pred: the "
-                  "docstring's formulas with these alpha, beta, gamma (dbt: read off its schedule, k per row); "
-                  f"all talking: the same with alpha and beta measured while every rank talks at once (a "
-                  f"1-element and a 4 MiB neighbour exchange: {model['alpha_all'] * 1e6:.2f} us, "
-                  f"{model['beta_ring'] * 1e12:.1f} ps/B)"))
-    body, off = [], False
-    for row in mrows:
-        for i, algo in enumerate(args.algos):
-            m, p, q = row[f"{algo}_us"], row[f"{algo}_pred_us"], row[f"{algo}_pred_all_us"]
-            ratio = m / p if p > 0 else 0.0
-            off |= ratio > OFF or ratio < 1 / OFF
-            body.append([row["size"] if i == 0 else "", algo, row["k"] if algo == "dbt" else "", round(m, 1),
-                         round(p, 1), f"{ratio:.2f}{' *' if ratio > OFF or ratio < 1 / OFF else ''}",
-                         round(m / q, 2) if q > 0 else 0.0])
-    print(report.table(["size B", "algo", "dbt k", "measured us", "pred us", "meas/pred", "meas/pred all talking"],
-                       body, align=[True, False, True, True, True, True, True]))
-    found = reasons(ctx, model, walk, mrows, args.algos)
-    print(f"* off by more than {OFF:g}x. What this run measured that the model leaves out:" if off else
-          f"the model is within {OFF:g}x everywhere in this run. What it measured that the model leaves out:")
-    for line in found:
-        print(wrapped(line, "  "))

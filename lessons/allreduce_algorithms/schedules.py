@@ -33,7 +33,9 @@ def to_real(v, r):
 
 
 def pre_post(rank, n, count, core):
-    """Wrap the core rounds with the non-power-of-two pre and post steps (none when n is a power of 2)."""
+    """Wrap the core rounds with the non-power-of-two pre and post steps (none when n is a power of 2).
+    N' = 2^floor(lg N), r = N - N'. Pre step: among the first 2r ranks, even ranks send their buffer to
+    rank+1 and sit out; post step: rank+1 sends the result back (rd and Rabenseifner share this)."""
     p2, r = fold(n)
     if r == 0:
         return core
@@ -48,6 +50,8 @@ def pre_post(rank, n, count, core):
 
 
 def rd_schedule(rank, n, count):
+    """Recursive doubling: lg N rounds, partner = rank XOR mask, the whole buffer each round (folded
+    to N' ranks first when N is not a power of two)."""
     p2, r = fold(n)
     v = to_virtual(rank, r)
     core = []
@@ -63,6 +67,8 @@ def rd_schedule(rank, n, count):
 
 
 def ring_schedule(rank, n, count):
+    """Reduce-scatter + all-gather over neighbours (lesson 05's ring): 2(N-1) rounds, each rank
+    sends 2(N-1)/N of the buffer in all."""
     bounds = shards.chunk_bounds(count, n)
     right, left = (rank + 1) % n, (rank - 1) % n
     rounds = []
@@ -74,6 +80,9 @@ def ring_schedule(rank, n, count):
 
 
 def tree_schedule(rank, n, count):
+    """Binomial reduce to rank 0, then binomial broadcast: 2*ceil(lg N) rounds of the WHOLE buffer; the
+    root receives ceil(lg N) buffers and sends ceil(lg N) (a parameter server, a star, would receive
+    N-1 and send N-1: the tree spreads that over lg N levels)."""
     masks = [1 << i for i in range(max(n - 1, 0).bit_length())]  # 1, 2, 4, ... < n: ceil(lg n) rounds
     low = rank & -rank if rank else 1 << 30  # rank's lowest set bit: its parent is rank - low
     rounds = []
@@ -147,8 +156,10 @@ def dbt_depth(n):
 
 
 def dbt_schedule(rank, n, count, k):
-    """Each tree all-reduces one half in k chunks: chunk c goes up from depth d at round c + D - d and
-    comes down from depth d at round c + D + d; k + 2D - 1 rounds in all."""
+    """NCCL's double binary tree: two binary trees, the second the first mirrored (N even) or shifted
+    by one (N odd), so a rank inner in one is a leaf in the other. Each tree all-reduces one half in k
+    chunks, reduce up and broadcast down overlapped: chunk c goes up from depth d at round c + D - d and
+    comes down from depth d at round c + D + d; k + 2D - 1 rounds in all (D = the trees' depth)."""
     if n == 1:
         return []
     trees, D = dbt_trees(n), dbt_depth(n)

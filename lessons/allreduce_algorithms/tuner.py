@@ -10,12 +10,11 @@ import os
 
 import numpy as np
 
-from common import bandwidth, buffers, report
+from common import bandwidth, buffers, report, text
+from common.collectives import ALLREDUCE_NAME
 from common.timing import BATCHES, best_of
-from lessons.allreduce_algorithms.model import dbt_chunks, iterations, wrapped
+from lessons.allreduce_algorithms.model import dbt_chunks, iterations
 from lessons.allreduce_algorithms.schedules import copy_into
-
-LIBRARY = {"mpi": "MPI_Allreduce", "gloo": "gloo all_reduce", "nccl": "ncclAllReduce"}
 
 
 def choose(table, nbytes):
@@ -109,14 +108,14 @@ def library_words(ctx):
 
 
 def show_race(ctx, args, table, race, overhead):
-    report.section(ctx, f"3. the size-tuned all-reduce vs {LIBRARY[ctx.transport]} (same run)")
+    report.section(ctx, f"3. the size-tuned all-reduce vs {ALLREDUCE_NAME[ctx.transport]} (same run)")
     if ctx.world_size == 1:  # every schedule is empty: a "fastest" among them is the clock's noise
         print("one rank: every algorithm's schedule is empty, so the tuned column times a call that moves "
               "nothing;\n    its choice per size is noise, not a switch point")
     else:
         print("switch table (fastest measured per size): " + switch_points(table))
     for line in library_words(ctx):
-        print(wrapped(line))
+        print(text.wrapped(line, hang=4))
     # type and redop are nccl-tests' columns too, but one value for the whole race: said once, so that
     # the rows fit 100 columns with rabenseifner's name and a GPU's 4-digit algbw
     print(f"type {args.dtype}, redop sum (nccl-tests' columns, the same on every row)")
@@ -135,20 +134,20 @@ def show_race(ctx, args, table, race, overhead):
         ties = sum(v.startswith("a tie") for *_, v in rows)
         what = ("walking a round plus a library call that moves nothing" if ctx.transport == "mpi" else
                 "walking a round; the call into the library itself is not measured here")
-        print(wrapped(f"tuned slower than the library at {len(slow)} of {len(race)} sizes, {ties} of them by less "
-                      f"than this run's noise (noise: the larger spread between one contender's {BATCHES} "
-                      f"batches). The part we can price: ~{overhead * 1e6:.1f} us of Python per round ({what}), "
-                      "which the library's C rounds do not pay:"))
+        print(text.wrapped(f"tuned slower than the library at {len(slow)} of {len(race)} sizes, {ties} of them by "
+                           f"less than this run's noise (noise: the larger spread between one contender's "
+                           f"{BATCHES} batches). The part we can price: ~{overhead * 1e6:.1f} us of Python per "
+                           f"round ({what}), which the library's C rounds do not pay:", hang=4))
         print(report.table(["size", "algo", "rounds", "gap us", "noise us", "Python us", "so the gap is"], rows,
                            align=[False, False, True, True, True, True, False]))
         cores = len(os.sched_getaffinity(0))
         if any(r[-1].startswith("over twice") for r in rows):
             crowd = (f"; and {ctx.world_size} ranks share {cores} cores, so every round also waits for the "
                      "scheduler" if ctx.world_size > cores else "")
-            print(wrapped("where the gap is over twice the Python priced, this run cannot say what the rest is: "
-                          "more Python than that lower bound, or how the library moves its bytes, which it "
-                          "does not measure; the schedule is not to blame (ours was the fastest of the "
-                          f"{len(args.algos)} raced at that size)" + crowd))
+            print(text.wrapped("where the gap is over twice the Python priced, this run cannot say what the rest "
+                               "is: more Python than that lower bound, or how the library moves its bytes, which "
+                               "it does not measure; the schedule is not to blame (ours was the fastest of the "
+                               f"{len(args.algos)} raced at that size)" + crowd, hang=4))
     if args.csv:
         report.write_csv(args.csv, race)
         print(f"wrote {args.csv}")

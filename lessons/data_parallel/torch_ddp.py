@@ -1,0 +1,24 @@
+"""Lesson 08's look at torch's own buckets: the ones DistributedDataParallel builds for a model and a
+cap, read back from DDP after it rebuilds them, so the lesson can check that they are the buckets its
+pack_buckets makes by hand.
+
+DDP's defaults: bucket_cap_mb 25 MiB with a first bucket (the gradients ready first) of 1 MiB; for the
+first backward it puts every gradient in one bucket, then rebuilds the buckets in the order the
+gradients became ready, and reports them in its logging data.
+"""
+
+
+def ddp_buckets(ctx, model, cap, x, steps):
+    """([[param index]] DDP rebuilt after the first backward, how many buckets the first backward used)
+    for `model` wrapped in DDP with a `cap`-byte bucket cap; (None, None) if this torch does not report
+    them. `steps` forward/backward passes on x, on every rank (collective)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ddp = DDP(model, device_ids=[ctx.gpu] if ctx.device == "gpu" else None, bucket_cap_mb=cap / 2 ** 20)
+    first = None
+    for _ in range(steps):
+        ddp(x).sum().backward()
+        first = first or ddp._get_ddp_logging_data().get("bucket_sizes")
+    got = ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices")
+    if not got or not first:
+        return None, None
+    return [[int(i) for i in b.split()] for b in got.split(",")], len(str(first).split(","))
