@@ -4,49 +4,40 @@ The idea: all-reduce is two halves, and modern training uses them apart. ZeRO-3 
 layer's parameters before use and reduce-scatters its gradients (lesson 10); a mixture-of-experts
 layer sends each token to the rank that holds its expert, an all-to-all.
   * reduce-scatter: every rank has a buffer of N blocks; rank r ends with block r summed over ranks.
-    It is the first half of lesson 05's ring, run here from lesson 05's own code: its N-1 steps leave
-    rank r holding chunk r+1, so block r is called chunk r+1 and the ring stops halfway. Each rank
-    sends every block but its own: (N-1)/N of the buffer.
+    It is the first half of lesson 05's ring, run from lesson 05's own code: its N-1 steps leave rank
+    r holding chunk r+1, so block r is called chunk r+1 and the ring stops halfway. Each rank sends
+    every block but its own: (N-1)/N of the buffer.
   * all-gather: the second half of that ring; block r starts on rank r, and after N-1 steps every
     rank has every block. all-reduce = reduce-scatter + all-gather: 2(N-1)/N of the buffer per rank.
   * all-to-all: rank r has one block for each rank j. Pairwise exchange: in round k (1 .. N-1) rank r
     sends its block for r+k while receiving from r-k, so every pair meets once. Blocks may differ in
-    size (Alltoallv): a receiver must know the sizes first, so uneven exchanges start by exchanging
-    the counts.
+    size (Alltoallv): a receiver must know the sizes first, so uneven exchanges send the counts first.
 
-What to watch for:
-  * section 1 runs the hand-made reduce-scatter and all-gather on several layouts (near-equal blocks
-    of --counts items, some empty when count < N; and --skew: rank r's block is r*skew items, rank
-    0's empty) and compares each with a one-process reference (every rank's data regenerated from
-    its seed) and with the library's call. The data are small integers, so every sum is exact: any
-    difference is a bug. Rounds and bytes come from common/counting.py, which saw every message.
-  * section 2 does the same for all-to-all with uneven blocks: rank r sends j*unit items to rank j.
-  * section 3 runs reduce-scatter then all-gather against one all-reduce: same answer, same bytes as
-    lesson 05's ring, and the library's two halves timed against its whole, with a verdict only
-    beyond this run's noise (lesson 07's rule). Only where the halves are real: gloo has no
-    reduce-scatter (torch all-reduces the whole buffer and keeps one block); on gloo the lesson
-    measures what each call wrote to its sockets and shows it.
-  * section 4 races each hand-made collective against the library with nccl-tests' columns (busbw
-    = algbw * (N-1)/N for all three); where a library lacks a call, one line says what stands in.
-  * section 5 is a mixture-of-experts layer: a seeded top-1 router sends each token to one expert
-    (expert e lives on rank e). Counts first, then the tokens (uneven all-to-all), the expert is
-    applied, the results come back the same way; the output equals one process running the whole
-    layer. The table shows the load the router put on each rank.
+What to watch for: 1. the hand-made halves on uneven, empty and skewed blocks, against one process and
+the library, with the rounds and bytes common/counting.py saw; 2. the same for an uneven all-to-all;
+3. reduce-scatter + all-gather against one all-reduce: the same answer and bytes as lesson 05's ring,
+and the library's halves timed against its whole, a verdict only beyond this run's noise (gloo has no
+reduce-scatter: the lesson measures what each call wrote to its sockets); 4. a race against the
+library in nccl-tests' columns; 5. a mixture-of-experts layer: counts first, then the tokens, the
+expert applied, the results back the same way; it equals one process, and the table shows the load
+the router put on each rank.
 
 Run it:
   make lesson-09 NP=4                   (API=torch; ARGS="--counts 5,1000 --skew 3")
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/09_reduce_scatter_alltoall.py --api mpi4py
-  (--bench: the full race, -b 8 -e 128M -f 2: minutes; run it raw, or bin/tutor run 09 --timeout 900)
-Lesson 10 imports reduce_scatter, all_gather and all_to_all from here (bootstrap.lesson_module("09")).
+  (--bench: the full race, minutes; run it raw, or bin/tutor run 09 --timeout 900)
+Next: lesson 10 builds ZeRO-3 on this reduce_scatter and all_gather. Tables: reduce_scatter_alltoall/show.py
 """
 import os
 import sys
-import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, collectives, counting, p2p, report, shards, timing  # noqa: E402
+from lessons.reduce_scatter_alltoall import show  # noqa: E402
+
+five = bootstrap.lesson_module("05")  # ring_allreduce, inplace_add: the ring this lesson cuts in half
 
 SEED = 9                  # rank r's data comes from seed SEED + r
 DTYPES = ("float32", "float64", "int32")
@@ -77,7 +68,6 @@ def _copy(buf):
 def reduce_scatter(be, send, recv, counts, rank, n):
     """recv (counts[rank] items) = the sum over ranks of block `rank` of send (sum(counts) items, left
     unchanged). Lesson 05's ring, its reduce-scatter half. be: a common/p2p backend (or one Counted)."""
-    five = bootstrap.lesson_module("05")
     chunks = ring_chunks(counts, n)
     work, scratch = _copy(send), _copy(send[:max(counts, default=0)])  # the ring adds in place
     five.ring_allreduce(work, scratch, chunks, rank, n, be.exchange, five.inplace_add,
@@ -91,7 +81,6 @@ def reduce_scatter(be, send, recv, counts, rank, n):
 def all_gather(be, send, recv, counts, rank, n):
     """recv (sum(counts) items) = every rank's send (counts[r] items from rank r), in rank order: lesson
     05's ring, its all-gather half, on the same chunk labels."""
-    five = bootstrap.lesson_module("05")
     chunks = ring_chunks(counts, n)
     a, b = chunks[(rank + 1) % n]
     recv[a:b] = send  # my block, where the ring's all-gather expects the chunk it finished here
@@ -159,30 +148,6 @@ def halves(ctx, args, be, lib):
     return runs
 
 
-def per_rank(values):
-    """A row's per-rank numbers: all of them up to 4 ranks, else lowest .. highest."""
-    return " ".join(map(str, values)) if len(values) <= 4 else f"{min(values)} .. {max(values)}"
-
-
-def show_halves(ctx, runs, itemsize):
-    every = ctx.comm.gather(runs, root=0)
-    if ctx.rank:
-        return
-    n, rows = ctx.world_size, []
-    for i, run in enumerate(runs):
-        mine = [r[i] for r in every]
-        bad = sum(m[k] for m in mine for k in ("rs_wrong_ref", "rs_wrong_lib", "ag_wrong_ref", "ag_wrong_lib",
-                                               "send_changed"))
-        rows.append([run["layout"], per_rank([m["mine"] for m in mine]),
-                     per_rank(sorted({m["rs_rounds"] for m in mine} | {m["ag_rounds"] for m in mine})),
-                     per_rank([m["rs_bytes"] for m in mine]), per_rank([m["ag_bytes"] for m in mine]), bad])
-    print(report.table(["layout", "blocks (items)", "rounds", "RS bytes sent", "AG bytes sent", "#wrong"],
-                       rows, align=[0, 0, 0, 0, 0, 1]))
-    print(f"per rank, {itemsize} B per item. A rank's reduce-scatter sends every block but its own:\n"
-          f"  (N-1)/N = {(n - 1) / n:.3g} of the buffer when blocks are equal. #wrong: items differing from\n"
-          "  one process or from the library (both halves), plus send buffers the call changed", flush=True)
-
-
 # ---------------------------------------------------------------- section 2: all-to-all, uneven
 def exchange_all(ctx, args, be, lib):
     """Rank r sends j*unit items to rank j (so it receives r*unit from each): by hand and by library."""
@@ -204,25 +169,11 @@ def exchange_all(ctx, args, be, lib):
             "send_changed": wrong(x, every[rank])}
 
 
-def show_exchange(ctx, a2a, itemsize):
-    every = ctx.comm.gather(a2a, root=0)
-    if ctx.rank:
-        return
-    n, unit = ctx.world_size, a2a["unit"]
-    rows = [[r, f"{r * unit} from each" if n > 1 else "-", m["rounds"], m["peers"], m["bytes"],
-             itemsize * unit * (n * (n - 1) // 2 - r), m["wrong_ref"] + m["wrong_lib"] + m["send_changed"]]
-            for r, m in enumerate(every)]
-    print(f"rank r sends j*{unit} items to rank j (none to rank 0), so it receives r*{unit} from each")
-    print(report.table(["rank", "receives (items)", "rounds", "peers", "bytes sent", "want", "#wrong"], rows))
-    print(f"want: {itemsize} B x {unit} x (0+1+...+(N-1) - r): every block but the one it keeps. #wrong:\n"
-          "  items differing from one process or from the library, plus a send buffer changed", flush=True)
-
-
 # ---------------------------------------------------------------- section 3: all-reduce from its halves
 def halves_make_whole(ctx, args, be, library, pick):
     """reduce-scatter + all-gather vs all-reduce: the same sum, the same bytes as lesson 05's ring,
     the time of the library's two halves against its whole, and (gloo) what each call really sent."""
-    n, rank, five = ctx.world_size, ctx.rank, bootstrap.lesson_module("05")
+    n, rank = ctx.world_size, ctx.rank
     counts = shards.counts_displs(args.ar_count, n)[0]
     host = buffers.seeded(SEED + rank, args.ar_count, args.dtype, small_ints=True)
     x, whole = buffers.on_device(ctx, host.copy()), buffers.on_device(ctx, host.copy())
@@ -257,55 +208,6 @@ def halves_make_whole(ctx, args, be, library, pick):
             "lib_halves_real": (wire["reduce_scatter"] < 0.75 * wire["allreduce"] if wire  # a ring's: 0.5
                                 else "reduce_scatter" not in library.rules),
             **{f"{k}_us": v * 1e6 for k, v in secs.items()}, **{f"{k}_noise_us": v * 1e6 for k, v in spread.items()}}
-
-
-def halves_verdict(w):
-    """One line on the library's halves against its whole: said only where the halves are real (a
-    reduce-scatter that sends (N-1)/N) and the gap is beyond this run's noise (lesson 07's rule)."""
-    if not w["lib_halves_real"]:
-        return ("its reduce-scatter sends what its all-reduce sends" + (" (measured above)" if w["lib_wire"] else "")
-                + ": it is an all-reduce that keeps one block. Its RS + AG is an all-reduce, then an all-gather, "
-                "not the two halves of one: no race of halves against the whole here")
-    gap = w["lib_rs_ag_us"] - w["lib_allreduce_us"]
-    noise = max(w["lib_rs_ag_noise_us"], w["lib_allreduce_noise_us"])
-    said = (f"RS + AG {w['lib_rs_ag_us']:.1f} us, all-reduce {w['lib_allreduce_us']:.1f} us, noise {noise:.1f} us "
-            f"(the larger spread between one call's {timing.BATCHES} batches): ")
-    if abs(gap) <= noise:
-        return said + "a tie within this run's noise"
-    return said + ("the one call beats its halves called apart" if gap > 0 else "the halves beat the one call")
-
-
-def show_whole(ctx, whole, itemsize):
-    every = ctx.comm.gather(whole, root=0)
-    if ctx.rank:
-        return
-    n, w = ctx.world_size, whole
-    size = w["ar_count"] * itemsize
-    wire = w["lib_wire"]
-    lib_rs_ag = per_rank([m["lib_wire"]["reduce_scatter"] + m["lib_wire"]["all_gather"] for m in every]) if wire else "-"
-    lib_ar = per_rank([m["lib_wire"]["allreduce"] for m in every]) if wire else "-"
-    print(f"{w['ar_count']} items ({size} B) per rank; the library's all-reduce is the reference")
-    print(report.table(["", "bytes sent per rank", "all ranks", "time us", "#wrong"],
-                       [["RS + AG by hand", per_rank([m["rs_ag_bytes"] for m in every]), w["rs_ag_total"],
-                         round(w["hand_rs_ag_us"], 1), sum(m["wrong"] for m in every)],
-                        ["lesson 05's ring", per_rank([m["ring_bytes"] for m in every]), w["ring_total"],
-                         round(w["hand_ring_us"], 1), "-"],
-                        ["library RS + AG", lib_rs_ag, "-", round(w["lib_rs_ag_us"], 1), "-"],
-                        ["library all-reduce", lib_ar, "-", round(w["lib_allreduce_us"], 1), "-"]],
-                       align=[0, 0, 1, 1, 1]))
-    print(f"all ranks: 2(N-1) x {size} B = {2 * (n - 1) * size} B, both ways: the ring is the two halves\n"
-          f"time: best of {timing.BATCHES} interleaved batches (the slowest rank's mean of each)")
-    if wire:
-        print(wrapped(f"library bytes: measured, what each rank wrote to its sockets in one call (headers "
-                      f"included): reduce-scatter {wire['reduce_scatter']} B, all-gather {wire['all_gather']} B, "
-                      f"all-reduce {wire['allreduce']} B on rank 0; a ring sends (N-1)/N = "
-                      f"{(n - 1) * size // n} B for either half"))
-    if n > 1:
-        print(wrapped("library: " + halves_verdict(w)), flush=True)
-
-
-def wrapped(text):
-    return textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False)
 
 
 # ---------------------------------------------------------------- section 4: the race
@@ -343,22 +245,6 @@ def race(ctx, args, be, library, pick, sweep):
                          "lib_algbw": bandwidth.algbw(nb, t_lib), "lib_busbw": bandwidth.busbw(kind, nb, t_lib, n),
                          "wrong": bad, "ratio": t_lib / t_hand if t_hand > 0 else 0.0})
     return rows
-
-
-def show_race(ctx, rows, pick, library):
-    if ctx.rank:
-        return
-    ops = ("reduce_scatter", "all_gather", "all_to_all")
-    print(f"time: the slowest rank's mean of {pick['iters']} after {pick['warmup']} warm-up; size: the whole "
-          f"buffer of {rows[0]['type'] if rows else ''}\nbusbw = algbw x (N-1)/N for all three; "
-          "hand/lib = hand busbw / library busbw\nthe library: "
-          + ", ".join(library.names[op] for op in ops))
-    print(report.table(["op", "size B", "count", "hand us", "algbw", "busbw", "lib us", "algbw", "busbw",
-                        "#wrong", "hand/lib"],
-                       [(r["op"].replace("_", "-"), r["size"], r["count"], round(r["hand_us"], 1),
-                         round(r["hand_algbw"], 3), round(r["hand_busbw"], 3), round(r["lib_us"], 1),
-                         round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
-                        for op in ops for r in rows if r["op"] == op]), flush=True)
 
 
 # ---------------------------------------------------------------- section 5: mixture of experts
@@ -439,29 +325,14 @@ def moe(ctx, args, be):
             "result_bytes": seen(be, "moe results")["bytes"]}
 
 
-def show_moe(ctx, mine, tokens):
-    every = ctx.comm.gather(mine, root=0)
-    if ctx.rank:
-        return None
-    n = ctx.world_size
-    loads = [m["tokens_in"] for m in every]
-    print(f"{tokens} tokens of {DMODEL} features (float64) per rank; top-1 router; expert e on rank e")
-    print(report.table(["rank", "tokens its expert got", "load", "kept", "sent away", "bytes out",
-                        "bytes back", "max |err|"],
-                       [[r, m["tokens_in"], "#" * round(20 * m["tokens_in"] / max(max(loads), 1)), m["kept"],
-                         tokens - m["kept"], m["token_bytes"], m["result_bytes"], m["moe_err"]]
-                        for r, m in enumerate(every)], align=[1, 1, 0, 1, 1, 1, 1, 1]))
-    busiest = max(loads) / (sum(loads) / n) if sum(loads) else 0.0
-    print(f"max |err|: against one process running the whole layer. The busiest expert got {busiest:.2f}x "
-          "the mean")
-    if busiest > 1.2:
-        print("  load: its rank computes longest and receives most, and every rank waits for it at the\n"
-              "  results all-to-all; real MoE layers cap it (a capacity factor) or train the router to spread")
-    print(end="", flush=True)
-    return {"moe_tokens": sum(loads), "moe_load": loads, "moe_busiest_over_mean": busiest}
+def params(args, itemsize, raced):
+    """The run's parameters, as the YAML's expressions name them."""
+    return {"dtype": args.dtype, "itemsize": itemsize, "counts": args.counts, "skew_items": args.skew,
+            "unit": args.unit, "ar_count": args.ar_count, "tokens": args.tokens, "dmodel": DMODEL,
+            "race": int(raced)}
 
 
-def main():
+def flags():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--counts", type=bootstrap.count_list, default=[0, 1, 7, 10007], metavar="C,C,...",
                         help="buffer sizes (items) split into near-equal blocks (default 0,1,7,10007)")
@@ -476,46 +347,43 @@ def main():
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     bandwidth.add_sweep_flags(parser, BENCH)
     parser.add_argument("--no-race", action="store_true", help="skip the timed sections 3 and 4's race")
-    args, ctx = bootstrap.start(__file__, parser)
+    return parser
+
+
+def main():
+    args, ctx = bootstrap.start(__file__, flags())
     n, rank = ctx.world_size, ctx.rank
     try:
         pick, sweep = bandwidth.sweep_plan(args, RACE, BENCH)
     except ValueError as exc:
         ctx.fail(str(exc))
-    itemsize = np.dtype(args.dtype).itemsize
+    itemsize, raced = np.dtype(args.dtype).itemsize, not args.no_race and n > 1
     be = counting.Counted(p2p.backend(ctx), n, rank=rank)  # exchange: Sendrecv / ncclSend+Recv / batch_isend_irecv
     library = collectives.library(ctx)
-    lib = counting.Counted(library, n, rank=rank, rules=library.rules)
-    raced = not args.no_race and n > 1
-    params = {"dtype": args.dtype, "itemsize": itemsize, "counts": args.counts, "skew_items": args.skew,
-              "unit": args.unit, "ar_count": args.ar_count, "tokens": args.tokens, "dmodel": DMODEL,
-              "race": int(raced)}
-    head = f"{n} ranks, {args.dtype}, api {ctx.api} ({ctx.transport})"
+    lib = counting.Counted(library, n, rank=rank, rules=library.rules)  # the library's calls, counted too
+    values, summary = {}, {}
 
-    report.section(ctx, f"1. reduce-scatter and all-gather by hand, {head}")
-    runs = halves(ctx, args, be, lib)
-    show_halves(ctx, runs, itemsize)
-    if rank == 0 and library.missing:
-        print("\n".join(wrapped(f"the library here: {line}") for line in library.missing.values()), flush=True)
+    report.section(ctx, f"1. reduce-scatter and all-gather by hand, {n} ranks, {args.dtype}, api {ctx.api} "
+                        f"({ctx.transport})")
+    values["halves"] = halves(ctx, args, be, lib)                   # by hand vs one process vs the library
+    show.halves(ctx, values["halves"], itemsize, library.missing)
     report.section(ctx, "2. all-to-all by hand, pairwise: uneven blocks")
-    a2a = exchange_all(ctx, args, be, lib)
-    show_exchange(ctx, a2a, itemsize)
-    values, summary = {"halves": runs, "a2a": a2a}, {}
+    values["a2a"] = exchange_all(ctx, args, be, lib)                # uneven blocks, the same three ways
+    show.exchange(ctx, values["a2a"], itemsize)
     if raced:
         report.section(ctx, "3. all-reduce = reduce-scatter + all-gather")
-        whole = halves_make_whole(ctx, args, be, library, pick)
-        show_whole(ctx, whole, itemsize)
+        values["whole"] = halves_make_whole(ctx, args, be, library, pick)  # the halves make the whole
+        show.whole(ctx, values["whole"], itemsize)
         report.section(ctx, "4. the race: by hand vs the library, equal blocks")
-        rows = race(ctx, args, p2p.backend(ctx), library, pick, sweep)
-        show_race(ctx, rows, pick, library)
-        values["whole"] = whole
+        rows = race(ctx, args, p2p.backend(ctx), library, pick, sweep)    # nccl-tests' columns
+        show.race(ctx, rows, pick, library)
         summary.update(race=rows, race_wrong=sum(r["wrong"] for r in rows))
     report.section(ctx, "5. a mixture-of-experts layer: tokens to their experts and back (all-to-all)")
-    values["moe"] = moe(ctx, args, be)
+    values["moe"] = moe(ctx, args, be)                              # counts, tokens, expert, results back
     values["moe_kept"] = values["moe"]["kept"]  # a scalar of the rank's own item: a YAML check reads it
-    summary.update(show_moe(ctx, values["moe"], args.tokens) or {})
+    summary.update(show.moe(ctx, values["moe"], args.tokens, DMODEL) or {})
     values.update(comm=be.counts, lib_comm=lib.counts)
-    report.finish(ctx, values, summary=summary, params=params)
+    report.finish(ctx, values, summary=summary, params=params(args, itemsize, raced))
 
 
 if __name__ == "__main__":

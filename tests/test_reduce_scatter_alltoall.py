@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from common import bootstrap, collectives, counting
+from lessons.reduce_scatter_alltoall import show
 
 nine = bootstrap.lesson_module("09")
 
@@ -141,6 +142,6 @@ def test_the_halves_race_the_whole_only_where_they_are_real_and_beyond_the_noise
                                                                                  says):
     w = {"lib_halves_real": real, "lib_wire": wire, "lib_rs_ag_us": rs_ag, "lib_allreduce_us": whole,
          "lib_rs_ag_noise_us": noise, "lib_allreduce_noise_us": noise / 2}
-    text = nine.halves_verdict(w)
+    text = show.halves_verdict(w)
     assert says in text, text
     assert ("a tie" in text) == (real and abs(rs_ag - whole) <= noise)
