@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from common import bootstrap
+from lessons.tensor_parallel import show
 
 eleven = bootstrap.lesson_module("11")  # importing a lesson starts no MPI
 
@@ -61,6 +62,6 @@ def test_held_bytes_are_the_arrays_handed_to_backward_by_part():
 
 
 def test_per_rank_says_a_shared_value_once():
-    assert eleven.per_rank([5, 5, 5]) == "5 each"
-    assert eleven.per_rank([1, 2, 3, 4]) == "1 2 3 4"
-    assert eleven.per_rank(range(8)) == "0 .. 7"
+    assert show.per_rank([5, 5, 5]) == "5 each"
+    assert show.per_rank([1, 2, 3, 4]) == "1 2 3 4"
+    assert show.per_rank(range(8)) == "0 .. 7"
