@@ -6,6 +6,7 @@ import pytest
 
 from conftest import load_lesson
 from lessons.pipeline_parallel import schedules as ps
+from lessons.pipeline_parallel import show
 
 twelve = load_lesson("12_pipeline_parallel.py")  # importing a lesson starts no MPI
 SHAPES = [(1, 1), (1, 5), (2, 1), (2, 5), (3, 8), (4, 3), (4, 8), (5, 2), (6, 13)]
@@ -192,9 +193,9 @@ def bubble_rows(op_us, msgs_share, p=4, m=8):
     ([20, 50, 20, 20], 0.45, "stages of unequal work", "Python walking"),
 ])
 def test_the_wall_clock_reasons_rest_on_what_was_measured(op_us, msgs, says, not_said, capsys, monkeypatch):
-    monkeypatch.setattr(twelve.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(show.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     ctx = type("Ctx", (), {"world_size": 4})()
-    twelve.show_bubble(ctx, bubble_rows(op_us, msgs), 3 / 11, cores=8)
+    show.bubble(ctx, bubble_rows(op_us, msgs), 3 / 11, cores=8)
     text = capsys.readouterr().out
     assert says in text and not_said not in text, text
     assert all(len(line) <= 100 for line in text.splitlines()), text

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from common import bootstrap
+from lessons.ring_attention import show
 
 lesson = bootstrap.lesson_module("13")  # importing a lesson starts no MPI
 
@@ -104,7 +105,7 @@ def test_the_reference_is_one_softmax_of_every_score():
 def test_the_overlap_is_read_only_as_far_as_the_clock_goes(transport, ring, compute, transfers, says):
     ctx = type("Ctx", (), {"world_size": 4, "transport": transport})()
     times = [{"ring": ring / 1e3, "compute": compute / 1e3, "transfers": transfers / 1e3, "reps": 3}] * 4
-    lines, hidden = lesson.overlap_lines(ctx, times, cores=2)
+    lines, hidden = show.overlap_lines(ctx, times, cores=2)
     text = "\n".join(lines)
     assert says in text and all(len(line) <= 100 for line in text.splitlines()), text
     assert ("progress thread" in text) == (transport == "mpi" and says == "little was hidden")
@@ -120,8 +121,8 @@ def test_the_overlap_is_read_only_as_far_as_the_clock_goes(transport, ring, comp
 def test_the_load_balance_reason_needs_the_busiest_ranks_compute_to_agree(contig, zig, busiest_c, busiest_z,
                                                                           says):
     ctx = type("Ctx", (), {"world_size": 4})()
-    lines = lesson.causal_ring_lines(ctx, contig / 1e3, zig / 1e3, (100, 60), 2,
-                                     {"contiguous": busiest_c / 1e3, "zigzag": busiest_z / 1e3})
+    lines = show.causal_ring_lines(ctx, contig / 1e3, zig / 1e3, (100, 60), 2,
+                                   {"contiguous": busiest_c / 1e3, "zigzag": busiest_z / 1e3})
     text = "\n".join(lines)
     assert says in text and all(len(line) <= 100 for line in text.splitlines()), text
     assert ("each step waits for the busiest rank" in text) == (busiest_c >= 1.2 * busiest_z and contig >= 1.2 * zig)
