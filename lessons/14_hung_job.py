@@ -8,30 +8,24 @@ root or peers, communicator, and state (started, enqueued on a GPU, completed), 
 written before each call starts, so it is on disk even while the rank is blocked inside MPI or NCCL.
 
 What to watch for:
-  1. a small training job: per step an all-reduce of the gradients (float32 x COUNT), an all-reduce
-     of the loss (float64 x 1), a broadcast of the parameters from rank 0 and one point-to-point swap
-     between rank R and its neighbour. Then rank 0's record of it, and what recording cost per call.
-  2. `--fault NAME --fault-rank R` plants one fault on rank R in step 2: skip (R skips the gradient
-     all-reduce, #7), op (R calls all-gather instead), count, dtype, root (R broadcasts from another
-     root, #9), subgroup (R's all-reduce goes to a two-rank group), p2p-cycle (R receives before it
-     sends: a head-to-head receive, lesson 01's deadlock), straggler (R computes 1 s longer: slow, not
-     stuck). Once every rank has waited in a call, nothing moving, for STUCK_S seconds, the runner ends
-     the run and reads every rank's record: it names the rank, the call and the field that differ.
-     The lesson's checks grade that diagnosis against the fault planted. A straggler's run passes and
-     the lesson names who was slow from the records' arrival times.
-  3. `--debug-collectives` (every lesson has it): before each collective the ranks compare its
-     fingerprint (#k, op, dtype, count, root, communicator) and stop at the first mismatch, in under
-     2 s, instead of hanging: TORCH_DISTRIBUTED_DEBUG=DETAIL's idea, for mpi4py and torch alike.
-  4. your reading (`bin/tutor practice 14`): write first_divergence, which reads records as the
-     runner's diagnosis does; the lesson plants each fault in this run's records on paper (no hang)
-     and checks that yours names its rank, #k and field, and reports nothing for the clean run.
-A fault's behaviour is the library's: MPI may hang, fail with MPI_ERR_TRUNCATE, or return garbage
-(the lesson checks every sum, so garbage stops it too); the record says why in every case.
-`bin/tutor why` shows the last run's diagnosis again.
+  1. a small training job: per step an all-reduce of the gradients and one of the loss, a broadcast
+     of the parameters from rank 0, a point-to-point swap between rank R and its neighbour. Then
+     rank 0's record of it, and what recording costs a call.
+  2. `--fault NAME --fault-rank R` plants one fault on rank R in step 2 (--help lists them). Once every
+     rank has waited STUCK_S seconds, nothing moving, the runner ends the run and reads every rank's
+     record: it names the rank, the call (#k) and the field that differ. A straggler is slow, not
+     stuck: its run passes, and the records' arrival times name it.
+  3. `--debug-collectives` (every lesson has it): the ranks compare each collective's fingerprint
+     before the call and stop at the first mismatch, in under 2 s, instead of hanging.
+  4. your reading (`bin/tutor practice 14`): first_divergence reads the records as the runner does;
+     the lesson plants each fault in this run's records on paper (no hang) and grades yours.
+A fault's behaviour is the library's: MPI may hang, fail with MPI_ERR_TRUNCATE or return garbage
+(every sum is checked, so garbage stops it too); the record says why in every case.
 
-Run it:
+Run it:                                (`bin/tutor why` shows the last run's diagnosis again)
   make lesson-14 NP=4                  bin/tutor run 14 -n 4 -- --fault skip --fault-rank 3
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/14_hung_job.py --api mpi4py
+Read after it: lessons/hung_job/reading.py (each fault planted on paper: what your reading is graded on).
 """
 import os
 import sys
@@ -39,9 +33,8 @@ import time
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import numpy as np  # noqa: E402
-
 from common import bootstrap, buffers, flight, report, timing  # noqa: E402
+from lessons.hung_job import reading, show  # noqa: E402
 
 COUNT = 1024             # float32 gradients per step
 STEPS = 4                # training steps; the fault goes in step FAULT_STEP
@@ -51,78 +44,46 @@ STUCK_S = 1.0            # a planted hang ends once every rank has waited this l
 SLOW_S = 1.0             # the straggler's extra compute
 COST_ITERS = 100         # recorded and bare calls timed for the recorder's cost (x10 for it alone)
 FAULTS = ("none", "skip", "op", "count", "dtype", "root", "subgroup", "p2p-cycle", "straggler")
-# where each fault shows: the world collective it breaks (#k) and the field the diagnosis must name
+FIELDS = ("op", "dtype", "count", "root", "comm")  # what a call's record holds, compared in this order
+# where each fault shows: the field the diagnosis must name (at the world collective #k it breaks)
 FIELD = {"skip": "skip", "op": "op", "count": "count", "dtype": "dtype", "root": "root",
          "subgroup": "comm", "p2p-cycle": "p2p-cycle"}
 
 
-def partner(rank, n):
-    """Rank R's neighbour in the point-to-point swap (and its two-rank subgroup)."""
-    return rank + 1 if rank + 1 < n else rank - 1
-
-
-FIELDS = ("op", "dtype", "count", "root", "comm")  # what a call's record holds, compared in this order
-
-
 def first_divergence(records):
-    """Your reading of a hang. `records` is {rank: [(seq, op, dtype, count, root, comm, site), ...]},
-    each rank's world collectives in order (#seq, as the recorder numbers them; site: file:line).
+    """Your reading of a hang. `records` is {rank: [Call(seq, op, dtype, count, root, comm, site), ...]},
+    each rank's world collectives in order (#seq, as the recorder numbers them; site: file:line; a Call
+    is a namedtuple: call.seq, call.site, ..., lessons/hung_job/reading.py).
     Return (rank, seq, field) for the first #seq where the ranks disagree: the one rank whose call
     there differs from the others' (or that has none), and what differs: "skip" when its call at #seq
     is one the others make later (the same site: it skipped the call they wait in), else the first
     of FIELDS that differs. None when every rank made the same calls."""
     # >>> exercise: divergence
-    at = {rank: {call[0]: call[1:] for call in calls} for rank, calls in records.items()}
-    for seq in sorted({call[0] for calls in records.values() for call in calls}):
+    at = {rank: {call.seq: call for call in calls} for rank, calls in records.items()}
+    for seq in sorted({call.seq for calls in records.values() for call in calls}):
         here = {rank: calls.get(seq) for rank, calls in at.items()}
         usual, votes = Counter(here.values()).most_common(1)[0]
         if votes == len(here):
             continue  # every rank made this call alike
         odd = min(rank for rank, call in here.items() if call != usual)
         mine = here[odd]
-        later = {call[6] for rank, calls in records.items() if rank != odd for call in calls if call[0] > seq}
-        if mine is None or (mine[5] != usual[5] and mine[5] in later):
+        later = {call.site for rank, calls in records.items() if rank != odd for call in calls if call.seq > seq}
+        if mine is None or (mine.site != usual.site and mine.site in later):
             return odd, seq, "skip"
-        return odd, seq, next((f for f, a, b in zip(FIELDS, mine, usual) if a != b), "site")
+        return odd, seq, next((f for f in FIELDS if getattr(mine, f) != getattr(usual, f)), "site")
     return None
     # <<< exercise: divergence
 
 
-def planted_records(template, world, R, fault):
-    """A world of `world` ranks that made this run's world collectives (`template`: one rank's), with
-    one fault on rank R as --fault plants it: what a hung run's records would hold, without the hang."""
-    records = {rank: [tuple(call) for call in template] for rank in range(world)}
-    k = PER_STEP * FAULT_STEP + (PER_STEP if fault == "root" else 1)
-    mine = []
-    for call in records[R]:
-        seq, op, dtype, count, root, comm, site = call
-        if seq == k and fault == "skip":
-            continue
-        if seq > k and fault == "skip":
-            seq -= 1
-        if seq == k:
-            op, dtype, count, root = {"op": ("all_gather", dtype, count * world, root),
-                                      "count": (op, dtype, count // 2, root),
-                                      "dtype": (op, "float64", count, root),
-                                      "root": (op, dtype, count, 1)}.get(fault, (op, dtype, count, root))
-        mine.append((seq, op, dtype, count, root, comm, site))
-    records[R] = mine
-    return records, k
+def planted_seq(fault):
+    """#k of the world collective a fault in step FAULT_STEP breaks: its gradient all-reduce, or for
+    root its broadcast (the step's third)."""
+    return PER_STEP * FAULT_STEP + (PER_STEP if fault == "root" else 1)
 
 
-def reading(ctx, entries, R):
-    """Your first_divergence on the clean run's records and on each fault planted in them (on paper)."""
-    template = [(e["seq"], e["op"], e["dtype"], e["count"], e["root"], e["comm"], e["site"])
-                for e in entries if e["kind"] == "coll" and e["comm"] == "world"]
-    world = max(ctx.world_size, 3)  # three ranks at least: the odd one out needs two that agree
-    clean = first_divergence({rank: list(template) for rank in range(world)})
-    cases = []
-    for fault in ("skip", "op", "count", "dtype", "root"):
-        records, k = planted_records(template, world, R, fault)
-        got = first_divergence(records) or (None, None, None)
-        cases.append({"fault": fault, "want_rank": R, "want_seq": k, "want_field": fault,
-                      "rank": got[0], "seq": got[1], "field": got[2]})
-    return ("none" if clean is None else list(clean)), cases
+def partner(rank, n):
+    """Rank R's neighbour in the point-to-point swap (and its two-rank subgroup)."""
+    return rank + 1 if rank + 1 < n else rank - 1
 
 
 def mpi_calls(ctx, sub):
@@ -284,75 +245,88 @@ def cost(ctx, calls, rec, zeros, sync):
     return out
 
 
-def main():
+def recorder(ctx):
+    """This rank's flight recorder, and sync(): the GPU finished what this rank queued, so its
+    enqueued calls are completed."""
+    rec, device_sync = flight.get(), timing.syncer(ctx)
+
+    def sync():
+        device_sync()
+        rec.synced()
+    return rec, sync
+
+
+def your_reading(ctx, entries, R):
+    """Your first_divergence on this run's records, with each fault planted in them on paper."""
+    report.section(ctx, "your reading: first_divergence on these records, each fault planted on paper")
+    world = max(ctx.world_size, 3)  # three ranks at least: the odd one out needs two that agree
+    clean, cases = reading.grade(first_divergence, entries, world, R, planted_seq)
+    if ctx.rank == 0:
+        show.reading(clean, cases)
+    return clean, cases
+
+
+def recording_cost(ctx, args, calls, rec, zeros, sync):
+    """Seconds per call on this rank; rank 0 prints the slowest rank's."""
+    from mpi4py import MPI  # bootstrap has joined the world
+    report.section(ctx, f"what recording costs ({COST_ITERS} calls each, best of 2)")
+    per_call = cost(ctx, calls, rec, zeros, sync)
+    worst = {k: ctx.comm.allreduce(v, op=MPI.MAX) for k, v in per_call.items()}  # the same on every rank
+    if ctx.rank == 0:
+        show.cost(worst, args.debug_collectives)
+    return per_call
+
+
+def flags():
     parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--fault", choices=FAULTS, default="none", help="the fault to plant on rank R")
+    parser.add_argument("--fault", choices=FAULTS, default="none",
+                        help=f"the fault to plant on rank R in step {FAULT_STEP}: skip (R skips the gradient "
+                        "all-reduce, #7), op (R calls all-gather instead), count, dtype, root (R broadcasts "
+                        "from another root, #9), subgroup (R's all-reduce goes to a two-rank group), p2p-cycle "
+                        "(R receives before it sends: a head-to-head receive, lesson 01's deadlock), straggler "
+                        f"(R computes {SLOW_S:g} s longer: slow, not stuck)")
     parser.add_argument("--fault-rank", type=bootstrap.nonneg_int, default=1, metavar="R",
                         help="the rank that gets the fault (default 1)")
-    args, ctx = bootstrap.start(__file__, parser)
+    return parser
+
+
+def main():
+    args, ctx = bootstrap.start(__file__, flags())
     n, rank, R = ctx.world_size, ctx.rank, args.fault_rank
     if n < 2 or R >= n:
         ctx.fail(f"--fault-rank {R} needs NP >= 2 and R < NP (NP = {n})")
-    from mpi4py import MPI  # bootstrap has joined the world
-    rec, device_sync = flight.get(), timing.syncer(ctx)
-
-    def sync():  # the GPU finished what this rank queued: its enqueued calls are completed
-        device_sync()
-        rec.synced()
-    members = sorted((R, partner(R, n)))
-    sub = subgroup(ctx, members)
+    rec, sync = recorder(ctx)
+    sub = subgroup(ctx, sorted((R, partner(R, n))))  # every rank makes it, the subgroup fault uses it
     calls = torch_calls(ctx, sub) if ctx.api == "torch" else mpi_calls(ctx, sub)
     zeros, host = arrays(ctx)
-    seq = PER_STEP * FAULT_STEP + (PER_STEP if args.fault == "root" else 1)
-    ctx.params = {"fault": args.fault, "fault_rank": R, "fault_peer": partner(R, n), "fault_seq": seq,
-                  "fault_field": FIELD.get(args.fault, "none"), "count": COUNT, "steps": STEPS}
+    ctx.params = {"fault": args.fault, "fault_rank": R, "fault_peer": partner(R, n),
+                  "fault_seq": planted_seq(args.fault), "fault_field": FIELD.get(args.fault, "none"),
+                  "count": COUNT, "steps": STEPS}
     if rank == 0 and args.fault in FIELD:  # tell the runner: end it once stuck, then grade the diagnosis
         flight.plant(n, STUCK_S, ctx.params)
     report.section(ctx, f"a training job, {STEPS} steps, fault: {args.fault}"
                         + (f" on rank {R} in step {FAULT_STEP}" if args.fault != "none" else ""))
     t0 = timing.now(sync)
-    job(ctx, args, calls, rec, zeros, host, sync)
+    job(ctx, args, calls, rec, zeros, host, sync)                    # 1. the job, the fault on rank R
     seconds = timing.now(sync) - t0
-    entries = [e for e in rec.entries() if e["comm"] != "local"]
+    entries = [e for e in rec.entries() if e["comm"] != "local"]     #    what this rank's recorder holds
     everyone = ctx.comm.gather(entries, root=0)
-    slow = ctx.comm.bcast(arrivals(everyone) if rank == 0 else None, root=0)
+    slow = ctx.comm.bcast(arrivals(everyone) if rank == 0 else None, root=0)  # who arrived last
     report.say(ctx, f"{len(entries)} calls recorded, {sum(e['state'] != 'completed' for e in entries)} "
                     f"not completed; the job took {seconds:.2f} s")
     if rank == 0:
-        print("rank 0's record, last 6 calls:")
-        print(report.table(["#", "op", "dtype", "count", "root/peers", "comm", "state", "at"],
-                           [(e["seq"], e["op"], e["dtype"], e["count"], e["peers"] or
-                             (e["root"] if e["root"] >= 0 else ""), e["comm"], e["state"], e["site"])
-                            for e in entries[-6:]]))
-    if args.fault == "straggler":
+        show.record(entries)
+    if args.fault == "straggler":                                    # 2. slow, not stuck: who was late
         report.section(ctx, "slow, not stuck: who arrived last at the collectives")
         if rank == 0:
-            print(f"rank {slow[0]} arrived last; the others waited {slow[1]:.2f} s for it\n"
-                  "(from the median arrival to its own, summed over the world collectives)", flush=True)
-    clean, cases = reading(ctx, entries, R) if args.fault == "none" else ("none", [])
-    if cases:
-        report.section(ctx, "your reading: first_divergence on these records, each fault planted on paper")
-        if rank == 0:
-            print(f"the clean run: {'nothing to report' if clean == 'none' else clean}")
-            print(report.table(["fault", "planted (rank, #k, field)", "yours", ""],
-                               [(c["fault"], f"{c['want_rank']}, #{c['want_seq']}, {c['want_field']}",
-                                 f"{c['rank']}, #{c['seq']}, {c['field']}",
-                                 "ok" if (c["rank"], c["seq"], c["field"]) ==
-                                 (c["want_rank"], c["want_seq"], c["want_field"]) else "WRONG")
-                                for c in cases]))
-    c = {"record": 0.0, "bare": 0.0, "recorded": 0.0}
+            show.straggler(slow)
+    clean, cases, per_call = "none", [], {"record": 0.0, "bare": 0.0, "recorded": 0.0}
     if args.fault == "none":  # a planted fault's record is the runner's to read: not overwritten
-        report.section(ctx, f"what recording costs ({COST_ITERS} calls each, best of 2)")
-        c = cost(ctx, calls, rec, zeros, sync)
-        worst = {k: ctx.comm.allreduce(v, op=MPI.MAX) for k, v in c.items()}  # the slowest rank's
-        if rank == 0:  # the slowest rank's figures, the same on every rank
-            print(f"recording alone: {worst['record'] * 1e6:.1f} us per call (slowest rank)\n"
-                  f"an all-reduce of 1 float: {worst['bare'] * 1e6:.1f} us bare, "
-                  f"{worst['recorded'] * 1e6:.1f} us recorded"
-                  + (" and checked (--debug-collectives)" if args.debug_collectives else ""), flush=True)
+        clean, cases = your_reading(ctx, entries, R)                 # 3. your reading, faults on paper
+        per_call = recording_cost(ctx, args, calls, rec, zeros, sync)  # 4. what recording costs
     report.finish(ctx, {"calls": len(entries), "open": sum(e["state"] != "completed" for e in entries),
-                        "record_us": c["record"] * 1e6, "bare_us": c["bare"] * 1e6,
-                        "recorded_us": c["recorded"] * 1e6, "clean_reading": clean, "reading": cases},
+                        "record_us": per_call["record"] * 1e6, "bare_us": per_call["bare"] * 1e6,
+                        "recorded_us": per_call["recorded"] * 1e6, "clean_reading": clean, "reading": cases},
                   summary={"slowest_rank": slow[0], "slow_s": slow[1], "seconds": seconds})
 
 

@@ -1,53 +1,43 @@
 """Lesson 15 — hierarchy: all-reduce and a mixture-of-experts dispatch across nodes, two levels.
 
 The idea: a cluster has two networks, a fast one inside a node (shared memory, NVLink) and a slower
-one between nodes. A flat ring ignores that: its hops cross nodes wherever neighbours sit apart (with
-ranks placed in blocks, each node's last rank sends all its 2(N-1)/N of the buffer across). Two
-levels (NCCL's tree and CollNet algorithms, Open MPI's coll/han, MVAPICH's two-level collectives)
+one between nodes. A flat ring ignores that: with ranks placed in blocks, each node's last rank sends
+all its 2(N-1)/N of the buffer across. Two levels (NCCL's tree and CollNet, Open MPI's coll/han)
 split the world twice, N = M nodes x K local ranks:
-  1. reduce-scatter inside each node (lesson 09's halves): local rank l holds shard l, summed over
-     its node;
+  1. reduce-scatter inside each node (lesson 09's halves): local rank l holds shard l of its node's sum;
   2. all-reduce of shard l across nodes, one ring per local rank (lesson 05's ring): M ranks each;
   3. all-gather inside each node (lesson 09's halves): every rank holds every shard.
-Each rank sends about 2(M-1)/M x C/K across nodes (C: the buffer): at least K times less than a
-flat ring's edge rank.
-A mixture-of-experts dispatch has the same shape: a token bound for several experts on another node
-crosses once, to the rank with its local rank there, and fans out inside that node (DeepEP's
-layered dispatch). Inter-node bytes fall by this run's de-duplication factor, exactly.
+Each rank sends about 2(M-1)/M x C/K across nodes (C: the buffer), K times less than a flat ring's
+edge rank. A mixture-of-experts dispatch has the same shape: a token bound for several experts on
+another node crosses once, to the rank with its local rank there, and fans out inside that node
+(DeepEP's layered dispatch): inter-node bytes fall by this run's de-duplication factor, exactly.
 
 What to watch for:
-  * section 1 finds the nodes: MPI's shared-memory split (comm.Split_type(COMM_TYPE_SHARED)); on
-    one machine --ranks-per-node K makes pretend nodes instead (--placement block: ranks 0..K-1 on
-    node 0; round-robin: rank r on node r mod M, as a launcher may place them), and it says which.
-    The node and cross-node communicators: mpi4py comm.Split, torch dist.new_group.
+  * section 1 finds the nodes: comm.Split_type(COMM_TYPE_SHARED); on one machine --ranks-per-node K
+    makes pretend nodes instead (--placement block or round-robin), and it says which.
   * section 2 counts every byte each rank sent, inside its node and across, by where the peer really
     runs; every count is checked exactly against closed forms, uneven shards included.
-  * section 3 races flat ring, two levels and the library in nccl-tests' columns; a sentence about
-    the difference prints only when it is beyond this run's noise.
-  * section 4: the dispatch, flat and layered, same rows delivered, inter-node bytes counted.
-The test bed's "network" (bin/tutor testbed): two network namespaces joined by veth pairs on a
-bridge, in one kernel. No NIC, no InfiniBand; its bandwidth is this machine's memory and CPU. Pretend
-nodes share one transport inside and across: there only counts and steps differ, not the network.
-
-Read after: lessons/hierarchy/reference.py, what the checks hold the lesson to (where ranks really run,
-the routing and its one-process reference).
+  * section 3 races flat ring, two levels and the library in nccl-tests' columns; section 4 the
+    dispatch, flat and layered. Pretend nodes share one transport: only counts and steps differ.
 
 Run it:
   make lesson-15 NP=4 ARGS="--ranks-per-node 2"       (API=torch; ARGS="... --placement round-robin")
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/15_hierarchy.py --ranks-per-node 2
   bin/tutor testbed run -- bin/tutor run 15 -n 4      (two real nodes of 2 ranks)
+Read after: lessons/hierarchy/reference.py, what the checks hold the lesson to (where ranks really
+run, the routing and its one-process reference).
 """
 import contextlib
 import os
 import sys
-import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, p2p, report, shards, subgroups, timing  # noqa: E402
-from lessons.hierarchy.reference import (DMODEL, EXPERTS, TOKENS, TOPK, delivered, moe_one_process,  # noqa: E402
-                                    moe_tokens, placement_of, pretend_node, route, row, truth)
+from lessons.hierarchy import show  # noqa: E402
+from lessons.hierarchy.reference import (DMODEL, EXPERTS, TOKENS, delivered, moe_one_process, moe_tokens,  # noqa: E402
+                                         placement_of, pretend_node, route, row, truth)
 
 five, nine = bootstrap.lesson_module("05"), bootstrap.lesson_module("09")
 SEED = 15                 # rank r's data comes from seed SEED + r
@@ -56,16 +46,6 @@ DTYPES = ("float32", "float64")
 EPS = {"float32": 1.2e-7, "float64": 2.3e-16}
 RACE = dict(begin="256K", end="4M", mult=16, iters=3, warmup=1)    # default run: two sizes
 BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)    # --bench: nccl-tests' defaults
-TRANSPORT = {"mpi": "MPI's shared memory", "gloo": "gloo's TCP sockets (inside a node too)",
-             "nccl": "NCCL's own paths (NVLink, PCIe or shared memory)"}
-
-
-def wrapped(text):
-    return textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False)
-
-
-def plural(count, word):
-    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 # ---------------------------------------------------------------- section 1: nodes
@@ -126,25 +106,14 @@ def nodes(ctx, args):
     places = truth(home)
     placement = args.placement if kind == "pretend" else placement_of(places, k, m)
     inside, across = make_groups(ctx, mesh, node_id, local_rank)
-    if ctx.rank == 0:
-        how = (f"real: MPI's shared-memory split found {plural(m, 'node')}" if kind == "real" else
-               f"pretend: --ranks-per-node {k}, {placement} placement (MPI's shared-memory split found "
-               "one node: this machine)")
-        if kind == "real" and m > 1 and (args.asked_k or args.placement != "block"):
-            how += "; --ranks-per-node and --placement not used: the nodes are real"
-        print(wrapped(f"nodes: {how}; {plural(m, 'node')} x {plural(k, 'rank')}"))
-        print(report.table(["node", "world ranks (local rank 0, 1, ...)", "really on"],
-                           [[j, report.brief(row), report.brief(sorted({places[r][0] for r in row}))]
-                            for j, row in enumerate(mesh)]))
-        print(wrapped(f"inside a node: {TRANSPORT[ctx.transport]}; " + (
-            "across, the network joining the hosts (on this kit's test bed a veth pair in one kernel: no "
-            "NIC, no InfiniBand, bandwidth set by this machine)" if kind == "real" and m > 1 else
-            "pretend nodes: across goes the same way as inside; only counts and steps differ")), flush=True)
     me = places[ctx.rank]
-    return {"kind": kind, "home": home, "places": places, "mesh": mesh, "m": m, "k": k,
-            "node_id": node_id, "local_rank": local_rank, "inside": inside, "across": across,
-            "placement": placement, "node": me[0], "local": me[1],
-            "spans": len({home[r] for r in mesh[node_id]}) - 1}
+    lay = {"kind": kind, "home": home, "places": places, "mesh": mesh, "m": m, "k": k,
+           "node_id": node_id, "local_rank": local_rank, "inside": inside, "across": across,
+           "placement": placement, "node": me[0], "local": me[1],
+           "spans": len({home[r] for r in mesh[node_id]}) - 1}
+    if ctx.rank == 0:
+        show.nodes(lay, places, args, ctx.transport)
+    return lay
 
 
 # ---------------------------------------------------------------- section 2: two levels, counted
@@ -206,34 +175,19 @@ def allreduce_counted(ctx, args, lay, meter, nets, world_raw):
             "flat_err_ref": rel_err(ring, want)}
 
 
-def show_counts(ctx, mine, lay, itemsize, count):
+def count_summary(ctx, mine, lay, itemsize, count):
+    """Section 2 gathered to rank 0, which prints it: the totals the checks read ({} on the others)."""
     every = ctx.comm.gather(mine, root=0)
     if ctx.rank:
         return {}
-    n, k, m = ctx.world_size, lay["k"], lay["m"]
     tot = {key: sum(e[key] for e in every) for key in ("two_across", "two_inside", "flat_across",
                                                          "flat_inside", "ag_bytes")}
-    span = lambda key: nine.per_rank(sorted({e[key] for e in every}) if len({e[key] for e in every}) == 1  # noqa: E731
-                                     else [e[key] for e in every])
-    print(f"{count} items of {itemsize} B per rank; bytes each rank sent, by where its peer runs")
-    print(report.table(["scheme", "steps", "inside its node B", "across nodes B", "all across",
-                        "max rel err"],
-                       [["flat ring", span("flat_steps"), span("flat_inside"), span("flat_across"),
-                         tot["flat_across"], max(e["flat_err_ref"] for e in every)],
-                        ["two levels", span("two_steps"), span("two_inside"), span("two_across"),
-                         tot["two_across"], max(e["err_ref"] for e in every)]], align=[0, 0, 0, 0, 1, 1]))
-    flat_max = max(e["flat_across"] for e in every)
-    two_max = max(e["two_across"] for e in every)
-    print(wrapped(
-        f"closed forms: a flat ring takes 2(N-1) = {2 * (n - 1)} steps and every rank sends about "
-        f"2(N-1)/N x C; two levels take 2(K-1) + 2(M-1) = {2 * (k - 1) + 2 * (m - 1)}, and across nodes "
-        f"all ranks together send exactly 2(M-1) x C = {2 * (m - 1) * count * itemsize} B, each rank about "
-        f"2(M-1)/M x C/K. The most one rank sent across: flat {flat_max} B, two levels {two_max} B. "
-        "max |rel err|: against one process (float64); the bound is (N-1) x eps"), flush=True)
-    return {"two_across_total": tot["two_across"], "two_inside_total": tot["two_inside"],
+    sums = {"two_across_total": tot["two_across"], "two_inside_total": tot["two_inside"],
             "flat_across_total": tot["flat_across"], "flat_total": tot["flat_across"] + tot["flat_inside"],
-            "ag_total": tot["ag_bytes"], "flat_across_max": flat_max, "two_across_max": two_max,
-            "buffer_bytes": count * itemsize}
+            "ag_total": tot["ag_bytes"], "flat_across_max": max(e["flat_across"] for e in every),
+            "two_across_max": max(e["two_across"] for e in every), "buffer_bytes": count * itemsize}
+    show.counts(every, sums, lay, ctx.world_size, itemsize, count)
+    return sums
 
 
 # ---------------------------------------------------------------- section 3: the race
@@ -265,46 +219,6 @@ def race(ctx, args, lay, raw, pick, sweep):
                          "wrong": bad[name], "noise_us": spread[name] * 1e6,
                          "vs_flat": secs["flat ring"] / t if t > 0 else 0.0})
     return rows
-
-
-def race_verdict(rows, lay, sums, transport):
-    """A sentence on two levels vs the flat ring at the largest size, only beyond this run's noise."""
-    big = max(r["size"] for r in rows)
-    t = {r["algo"]: r for r in rows if r["size"] == big}
-    flat_t, two_t = t["flat ring"]["time_us"], t["two levels"]["time_us"]
-    noise = max(t["flat ring"]["noise_us"], t["two levels"]["noise_us"])
-    said = (f"at {big} B: flat ring {flat_t:.1f} us, two levels {two_t:.1f} us, noise {noise:.1f} us "
-            f"(the larger spread of {timing.BATCHES} batches): ")
-    if abs(flat_t - two_t) <= noise:
-        return said + "a tie within this run's noise"
-    faster = "two levels beat the flat ring" if two_t < flat_t else "the flat ring beat two levels"
-    said += f"{faster}, x{max(flat_t, two_t) / min(flat_t, two_t):.2f}. "
-    k, m = lay["k"], lay["m"]
-    steps = (f"two levels take {2 * (k - 1) + 2 * (m - 1)} steps ({2 * (k - 1)} inside a node with "
-             f"messages M = {m} x the flat ring's, {2 * (m - 1)} across with the same), the flat ring "
-             f"{2 * (k * m - 1)}")
-    if lay["m"] < 2:
-        return said + "One node: two levels are lesson 09's halves alone; " + steps
-    if lay["kind"] == "pretend":
-        return said + (f"The nodes are pretend: {TRANSPORT[transport]} carries inside and across alike, "
-                       f"so this is no slower network; {steps}")
-    c = sums["buffer_bytes"]
-    return said + (f"Counted in section 2, as shares of the buffer C: the most one rank sent across was "
-                   f"{sums['flat_across_max'] / c:.2f} x C flat, {sums['two_across_max'] / c:.2f} x C in two levels")
-
-
-def show_race(ctx, rows, lay, sums, pick):
-    if ctx.rank:
-        return
-    print(f"time: best of {timing.BATCHES} batches, each the slowest rank's mean of {pick['iters']}; "
-          "busbw = algbw x 2(N-1)/N\nvs flat: the flat ring's time / this one's; #wrong: items off "
-          "the library's by > 2(N-1) x eps")
-    print(report.table(["size B", "count", "type", "redop", "algorithm", "time us", "algbw", "busbw",
-                        "#wrong", "vs flat"],
-                       [[r["size"], r["count"], r["type"], r["redop"], r["algo"], round(r["time_us"], 1),
-                         round(r["algbw"], 3), round(r["busbw"], 3), r["wrong"], round(r["vs_flat"], 2)]
-                        for r in rows], align=[1, 1, 0, 0, 0, 1, 1, 1, 1, 1]))
-    print(wrapped(race_verdict(rows, lay, sums, ctx.transport)), flush=True)
 
 
 # ---------------------------------------------------------------- section 4: mixture-of-experts dispatch
@@ -376,37 +290,28 @@ def moe(ctx, args, lay, meter, nets):
             "moe_rows": len(got_layered)}
 
 
-def show_moe(ctx, mine, tokens):
+def moe_summary(ctx, mine, tokens):
+    """Section 4 gathered to rank 0, which prints it: this routing's de-duplication, and the bytes'."""
     every = ctx.comm.gather(mine, root=0)
     if ctx.rank:
         return {}
-    w = 8 * (DMODEL + 2)
-    print(wrapped(f"{tokens} tokens of {DMODEL} float64 features per rank, top-{TOPK} of {EXPERTS} experts "
-                  f"per rank; a row on the wire is {w} B (features, token id, expert bits)"))
-    print(report.table(["rank", "rank pairs", "node pairs", "flat across B", "layered across B",
-                        "fan-out inside B", "#wrong"],
-                       [[r, e["remote_rank_pairs"], e["remote_node_pairs"], e["moe_flat_across"],
-                         e["moe_layered_across"], e["moe_fan_inside"], e["moe_wrong_flat"] + e["moe_wrong_ref"]]
-                        for r, e in enumerate(every)]))
     pairs = [sum(e[k] for e in every) for k in ("remote_rank_pairs", "remote_node_pairs")]
     sent = [sum(e[k] for e in every) for k in ("moe_flat_across", "moe_layered_across")]
     dedup = pairs[0] / pairs[1] if pairs[1] else 1.0
     ratio = sent[0] / sent[1] if sent[1] else 1.0
-    said = (f"This routing's de-duplication factor: {pairs[0]} / {pairs[1]} = {dedup:.4f}; bytes across "
-            f"nodes, flat / layered: {sent[0]} / {sent[1]} = {ratio:.4f}" if pairs[1] else
-            "No token has an expert on another node here: nothing crosses, either way")
-    print(wrapped("pairs: a token and a rank (a node) on another node that holds any of its experts. "
-                  f"{said}. #wrong: tokens delivered unlike the flat dispatch or one process"), flush=True)
-    return {"moe_dedup": dedup, "moe_across_ratio": ratio, "moe_ratio_over_dedup": ratio / dedup}
+    sums = {"moe_dedup": dedup, "moe_across_ratio": ratio, "moe_ratio_over_dedup": ratio / dedup}
+    show.moe(every, sums, tokens)
+    return sums
 
 
-def main():
+def flags():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--ranks-per-node", type=bootstrap.positive(int), metavar="K",
                         help="on one machine: pretend nodes of K ranks (default: two nodes when N is even, else "
                         "one); real nodes win when MPI finds them")
     parser.add_argument("--placement", choices=("block", "round-robin"), default="block",
-                        help="pretend nodes: ranks 0..K-1 on node 0 (block) or rank r on node r mod N/K")
+                        help="pretend nodes: ranks 0..K-1 on node 0 (block) or rank r on node r mod N/K, as a "
+                        "launcher may place them")
     parser.add_argument("--count", type=bootstrap.positive(int), default=COUNT,
                         help=f"all-reduce items per rank (default {COUNT})")
     parser.add_argument("--tokens", type=bootstrap.nonneg_int, default=TOKENS,
@@ -414,7 +319,23 @@ def main():
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     bandwidth.add_sweep_flags(parser, BENCH)
     parser.add_argument("--no-race", action="store_true", help="skip section 3's race")
-    args, ctx = bootstrap.start(__file__, parser)
+    return parser
+
+
+def networks(ctx, lay):
+    """(raw, meter, nets): the backends inside my node, across nodes (my local rank's ring) and over
+    the world, and the same three metered: every byte counted by where its peer really runs."""
+    world_raw = p2p.backend(ctx)
+    raw = (subgroups.backend(ctx, lay["inside"]), subgroups.backend(ctx, lay["across"]), world_raw)
+    meter = subgroups.Meter(lay["home"], lay["home"][ctx.rank])
+    nets = (meter.wrap(raw[0], lay["mesh"][lay["node_id"]]),
+            meter.wrap(raw[1], [ranks[lay["local_rank"]] for ranks in lay["mesh"]]),
+            meter.wrap(world_raw, range(ctx.world_size)))
+    return raw, meter, nets
+
+
+def main():
+    args, ctx = bootstrap.start(__file__, flags())
     n = ctx.world_size
     args.asked_k = args.ranks_per_node
     args.ranks_per_node = args.ranks_per_node or (n // 2 if n % 2 == 0 else n)  # two pretend nodes
@@ -427,28 +348,23 @@ def main():
     itemsize = np.dtype(args.dtype).itemsize
 
     report.section(ctx, f"1. nodes: {n} ranks, api {ctx.api} ({ctx.transport})")
-    lay = nodes(ctx, args)
-    world_raw = p2p.backend(ctx)
-    raw = (subgroups.backend(ctx, lay["inside"]), subgroups.backend(ctx, lay["across"]), world_raw)
-    meter = subgroups.Meter(lay["home"], lay["home"][ctx.rank])
-    nets = (meter.wrap(raw[0], lay["mesh"][lay["node_id"]]),
-            meter.wrap(raw[1], [ranks[lay["local_rank"]] for ranks in lay["mesh"]]),
-            meter.wrap(world_raw, range(n)))
+    lay = nodes(ctx, args)                                        # 1. the nodes, my place in them
+    raw, meter, nets = networks(ctx, lay)                         #    inside, across, the world
     params = {"dtype": args.dtype, "itemsize": itemsize, "count": args.count, "k": lay["k"], "nodes": lay["m"],
               "real": int(lay["kind"] == "real"), "placement": lay["placement"], "tokens": args.tokens,
               "dmodel": DMODEL, "race": int(not args.no_race and n > 1)}
-
     report.section(ctx, f"2. all-reduce in two levels: {lay['m']} nodes x {lay['k']} ranks, counted")
-    values = allreduce_counted(ctx, args, lay, meter, nets, world_raw)
-    summary = show_counts(ctx, values, lay, itemsize, args.count)
+    values = allreduce_counted(ctx, args, lay, meter, nets, raw[2])  # 2. two levels, every byte counted
+    summary = count_summary(ctx, values, lay, itemsize, args.count)
     if params["race"]:
         report.section(ctx, "3. the race: flat ring, two levels, the library (all-reduce, in place)")
-        rows = race(ctx, args, lay, raw, pick, sweep)
-        show_race(ctx, rows, lay, summary, pick)
+        rows = race(ctx, args, lay, raw, pick, sweep)             # 3. flat, two levels, the library
+        if ctx.rank == 0:
+            show.race(rows, lay, summary, pick, ctx.transport)
         summary.update(race=rows, race_wrong=sum(r["wrong"] for r in rows if r["algo"] == "two levels"))
     report.section(ctx, "4. mixture-of-experts dispatch: flat, and layered (once per node, then fan out)")
-    values.update(moe(ctx, args, lay, meter, nets))
-    summary.update(show_moe(ctx, values, args.tokens))
+    values.update(moe(ctx, args, lay, meter, nets))               # 4. the dispatch, flat and layered
+    summary.update(moe_summary(ctx, values, args.tokens))
     values.update(node=lay["node"], local=lay["local"], node_id=lay["node_id"], local_rank=lay["local_rank"],
                   spans=lay["spans"], host=ctx.host)
     report.finish(ctx, values, summary=summary, params=params)

@@ -6,12 +6,12 @@ import os
 import pytest
 
 from common.runner import catalog, engine
-from conftest import ROOT, load_lesson, torch_marks, tutor
+from conftest import ROOT, torch_marks, tutor
+from lessons.hierarchy import reference, show
 
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
 
 LESSON = catalog.resolve("15", os.path.join(ROOT, "lessons"))
-fifteen = load_lesson("15_hierarchy.py")
 QUICK = ["--no-race", "--tokens", "32"]
 
 
@@ -47,11 +47,11 @@ def test_a_ranks_per_node_that_does_not_divide_the_world_is_one_line():
 @pytest.mark.parametrize("n, k", [(4, 2), (6, 3), (6, 2), (8, 4)])
 def test_pretend_placements_and_what_truth_reads_back(n, k):
     for placement in ("block", "round-robin"):
-        labels = [fifteen.pretend_node(r, n, k, placement) for r in range(n)]
-        places = fifteen.truth(labels)
+        labels = [reference.pretend_node(r, n, k, placement) for r in range(n)]
+        places = reference.truth(labels)
         assert sorted(labels.count(x) for x in set(labels)) == [k] * (n // k)  # equal nodes
-        assert fifteen.placement_of(places, k, n // k) == placement or n // k == 1 or k == 1
-    assert fifteen.placement_of([(0, 0), (1, 0), (1, 1), (0, 1)], 2, 2) == "other"
+        assert reference.placement_of(places, k, n // k) == placement or n // k == 1 or k == 1
+    assert reference.placement_of([(0, 0), (1, 0), (1, 1), (0, 1)], 2, 2) == "other"
 
 
 def race_rows(flat_us, two_us, noise_us):
@@ -69,8 +69,8 @@ def race_rows(flat_us, two_us, noise_us):
 ])
 def test_the_race_is_read_only_beyond_its_noise(kind, m, flat_us, two_us, noise, says):
     lay = {"kind": kind, "m": m, "k": 2}
-    text = fifteen.race_verdict(race_rows(flat_us, two_us, noise), lay,
-                                {"flat_across_max": 300, "two_across_max": 100, "buffer_bytes": 200}, "mpi")
+    text = show.race_verdict(race_rows(flat_us, two_us, noise), lay,
+                             {"flat_across_max": 300, "two_across_max": 100, "buffer_bytes": 200}, "mpi")
     assert says in text, text
     tie = abs(flat_us - two_us) <= noise
     assert ("beat" in text) != tie and ("pretend" in text or "sent across" in text or "One node" in text) != tie

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from common.runner import catalog, engine
-from conftest import torch_marks, tutor
+from conftest import load_lesson, torch_marks, tutor
+from lessons.hung_job import reading
 
 FAULTS = ("skip", "op", "count", "dtype", "root", "subgroup", "p2p-cycle", "straggler")
 LIMIT = 20  # seconds: a planted hang ends once stuck for ~1 s, far sooner
@@ -16,6 +17,23 @@ LIMIT = 20  # seconds: a planted hang ends once stuck for ~1 s, far sooner
 
 def lesson():
     return catalog.resolve("14")
+
+
+@pytest.mark.parametrize("world, R", [(3, 0), (4, 2), (5, 4)])
+def test_each_fault_planted_on_paper_is_read_where_it_was_planted(world, R):
+    """No MPI: the page's first_divergence on a clean job's records, and on each fault reading.py plants
+    (on rank 0 and the last rank too), names the planted rank, #k and field; the clean records, nothing."""
+    page = load_lesson("14_hung_job.py")
+    entries = [{"kind": "coll", "comm": "world", "seq": step * page.PER_STEP + i + 1, "op": op, "dtype": dtype,
+                "count": count, "root": root, "site": site}
+               for step in range(page.STEPS)
+               for i, (op, dtype, count, root, site) in enumerate((("all_reduce", "float32", 1024, -1, "p:1"),
+                                                                   ("all_reduce", "float64", 1, -1, "p:2"),
+                                                                   ("broadcast", "float32", 1024, 0, "p:3")))]
+    clean, cases = reading.grade(page.first_divergence, entries, world, R, page.planted_seq)
+    assert clean == "none"
+    assert [(c["rank"], c["seq"], c["field"]) for c in cases] == \
+        [(R, 9 if f == "root" else 7, f) for f in reading.ON_PAPER], cases
 
 
 @pytest.mark.parametrize("api", [pytest.param(a, marks=torch_marks("14_hung_job", a)) for a in ("mpi4py", "torch")])

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, tutor
-from lessons.scale_on_paper import dry as scale_dry, links as sm, step as st
+from lessons.scale_on_paper import dry, links, step
 
 
 def numbers(text):
@@ -20,7 +20,7 @@ def numbers(text):
     return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text)], ranges
 
 
-@pytest.mark.parametrize("fig", sm.FIGURES + sm.MISSES, ids=lambda f: f["label"])
+@pytest.mark.parametrize("fig", links.FIGURES + links.MISSES, ids=lambda f: f["label"])
 def test_every_published_figure_is_in_the_phrase_read_at_its_address(fig):
     assert fig["source"].startswith("https://") and fig["phrase"]
     plain, ranges = numbers(fig["phrase"])
@@ -28,35 +28,45 @@ def test_every_published_figure_is_in_the_phrase_read_at_its_address(fig):
 
 
 def test_every_link_class_cites_its_source():
-    for name, link in sm.LINKS.items():
+    for name, link in links.LINKS.items():
         assert link["source"].startswith("https://") and link["GBps"] > 0 and link["alpha_us"] > 0, name
 
 
 def test_a_big_ring_runs_at_the_slowest_link_class_it_crosses():
-    one = sm.Cluster(8, 1, "nvlink4", "ndr", 8)
-    many = sm.Cluster(8, 4, "nvlink3", "hdr", 4)
+    one = links.Cluster(8, 1, "nvlink4", "ndr", 8)
+    many = links.Cluster(8, 4, "nvlink3", "hdr", 4)
     huge = 1 << 40
     for c, want in ((one, 450e9), (many, 4 * 25e9)):
-        t = sm.ring_time(c, huge)
-        assert 2 * (c.n - 1) / c.n * huge / t == pytest.approx(sm.EFFICIENCY * want, rel=1e-3)
-    assert sm.two_level(one, 1 << 30) == sm.ring_time(one, 1 << 30)  # one node: one level
+        t = links.ring_time(c, huge)
+        assert 2 * (c.n - 1) / c.n * huge / t == pytest.approx(links.EFFICIENCY * want, rel=1e-3)
+    assert links.two_level(one, 1 << 30) == links.ring_time(one, 1 << 30)  # one node: one level
+
+
+def test_a_learners_link_classes_are_passed_in_not_written_into_the_table():
+    """--nic-Gbps 200 makes a class of the page's own table; LINKS stays the data sheets'."""
+    before = dict(links.LINKS)
+    mine = dict(links.LINKS, yours_nic=dict(GBps=200 / 8, alpha_us=5.0, what="yours (a NIC)", source="--nic-Gbps"))
+    c = links.Cluster(8, 4, "nvlink4", "yours_nic", 4, mine)
+    assert links.ring_time(c, 1 << 30) == links.ring_time(links.Cluster(8, 4, "nvlink4", "hdr", 4), 1 << 30)
+    assert step.step("3d", step.SHAPES["8B"], c)["tp_s"] > 0  # its one-node cluster keeps the table
+    assert links.LINKS == before
 
 
 @pytest.mark.parametrize("world", [16, 64, 1024])
-@pytest.mark.parametrize("name", sorted(st.SHAPES))
+@pytest.mark.parametrize("name", sorted(step.SHAPES))
 def test_the_dry_run_counts_equal_the_closed_forms_at_any_world(name, world):
-    s = st.SHAPES[name]
-    d = scale_dry.dry_run(s, world)
-    L, P = s["layers"], st.params(s)
-    tp, pp, dp = st.layout(world)
-    micro = st.SEQS // dp
+    s = step.SHAPES[name]
+    d = dry.dry_run(s, world)
+    L, P = s["layers"], step.params(s)
+    tp, pp, dp = step.layout(world)
+    micro = step.SEQS // dp
     assert d["dp_allreduce_calls"] == math.ceil(2 * P / (25 << 20))
     assert (d["fsdp_all_gather_calls"], d["fsdp_reduce_scatter_calls"]) == (2 * L + 1, L + 1)
     assert d["tp_allreduce_calls"] == 4 * (L // pp) * micro
     middle = 2 * micro if pp > 2 else micro  # a middle stage talks both ways; with 2 stages, stage 1 is last
     assert d["pp_send_calls"] == d["pp_recv_calls"] == (middle if pp > 1 else 0)
     # the step's closed form per GPU is the dry run's bytes but for the shards' padding
-    per_gpu = st.plan("fsdp", s, world)["comm_bytes"]
+    per_gpu = step.plan("fsdp", s, world)["comm_bytes"]
     assert d["fsdp_bytes"] == pytest.approx(per_gpu, rel=1e-4)
 
 
@@ -116,7 +126,7 @@ dist.destroy_process_group()
 @pytest.mark.torch
 def test_torch_fake_process_group_counts_what_the_dry_run_counts(tmp_path):
     """fully_shard at 1024 ranks and Megatron's column/row plans, run on torch's fake process group in one
-    process, make the calls scale_step's dry run counts: the root stays gathered for backward; f and g
+    process, make the calls scale_on_paper/dry.py's dry run counts: the root stays gathered for backward; f and g
     cost 4 all-reduces a block (2 forward, 2 backward)."""
     script = tmp_path / "fake_pg.py"
     script.write_text(FAKE)
@@ -124,8 +134,8 @@ def test_torch_fake_process_group_counts_what_the_dry_run_counts(tmp_path):
                           cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-2000:]
     gathers, scatters, allreduces = map(int, done.stdout.split()[-3:])
-    shape = dict(st.SHAPES["8B"], layers=4)
-    d = scale_dry.dry_run(shape, 1024)
+    shape = dict(step.SHAPES["8B"], layers=4)
+    d = dry.dry_run(shape, 1024)
     assert (gathers, scatters) == (d["fsdp_all_gather_calls"], d["fsdp_reduce_scatter_calls"]) == (9, 5)
     per_block_per_micro = d["tp_allreduce_calls"] / (d["micro"] * (shape["layers"] // d["pp"]))
     assert allreduces == 4 * per_block_per_micro == 16

@@ -1,7 +1,7 @@
 """Lesson 16's cluster on paper: link classes from data sheets, collectives priced by lesson 07's
 alpha-beta formulas, and the published figures the prices are checked against.
 
-    Cluster(gpus_per_node, nodes, intra, nic, nics_per_node)   one GPU's links, one direction, B/s
+    Cluster(gpus_per_node, nodes, intra, nic, nics_per_node, links)   one GPU's links, one direction, B/s
     ring_time(cluster, nbytes)      NCCL's ring over every rank: lesson 07's predict("ring", ...)
     nvls_time(cluster, nbytes)      NVSwitch reduces in the switch: each GPU moves (n+1)/n of the buffer
     two_level(cluster, nbytes)      the hierarchy: reduce-scatter in the node, all-reduce across, all-gather
@@ -54,16 +54,17 @@ class Cluster:
     intra: str            # a LINKS key: the GPU's link into the node's switch
     nic: str = "ndr"      # a LINKS key: one NIC
     nics_per_node: int = 8
+    links: dict = None    # the link classes by name: LINKS, or a learner's table (LINKS and their own)
 
     @property
     def n(self):
         return self.gpus_per_node * self.nodes
 
     def bw(self, link):
-        return LINKS[link]["GBps"] * GB * EFFICIENCY  # B/s the protocol gets out of one link
+        return (self.links or LINKS)[link]["GBps"] * GB * EFFICIENCY  # B/s the protocol gets out of one link
 
     def alpha(self, link):
-        return LINKS[link]["alpha_us"] * 1e-6
+        return (self.links or LINKS)[link]["alpha_us"] * 1e-6
 
 
 def bottleneck(c):

@@ -6,7 +6,8 @@ priced on a cluster of lessons/scale_on_paper/links.py.
     step(strategy, shape, cluster)     communication and compute seconds, and the overlap bound
 The same step dry-run through the counting communicator: lessons/scale_on_paper/dry.py.
 """
-from lessons.scale_on_paper.links import Cluster, bottleneck, predict, reduce_scatter_time, ring_time, two_level
+from lessons.allreduce_algorithms.model import predict
+from lessons.scale_on_paper.links import Cluster, bottleneck, reduce_scatter_time, ring_time, two_level
 
 # shapes of the 8B and 70B size class (grouped-query attention: kv_heads of heads; untied embeddings)
 SHAPES = {
@@ -75,7 +76,7 @@ def step(strategy, s, c):
         out["comm_s"] = 3 * reduce_scatter_time(n, BYTES * p, alpha, bottleneck(c))
     else:
         tp, pp, dp, m = out["tp"], out["pp"], out["dp"], out["micro"]
-        node = Cluster(tp, 1, c.intra, c.nic, c.nics_per_node)
+        node = Cluster(tp, 1, c.intra, c.nic, c.nics_per_node, c.links)  # one node of c
         t_tp = out["tp_calls"] * ring_time(node, out["act_bytes"])
         nic = min(c.bw(c.nic) * c.nics_per_node / c.gpus_per_node, c.bw(c.intra))  # this GPU's NIC share
         t_pp = 2 * m * (c.alpha(c.nic) + out["act_bytes"] / nic) if pp > 1 else 0.0
