@@ -10,7 +10,16 @@ A GPU call returns once its work is queued, so a clock read straight after it me
 Lessons read clocks only through here (tests/test_timing.py holds them to it); a deadline that is not
 a measurement uses timing.deadline().
 """
+import os
 import time
+
+
+def usable_cores():
+    """The cores this process may run on (its affinity mask where the OS has one), not the machine's
+    total: what a timing's ranks share."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def HOST():

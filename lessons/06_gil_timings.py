@@ -57,13 +57,6 @@ TAG = 6
 LOOPED = [0]              # items cpu_task looped over in this process since the last reset
 
 
-def usable_cores():
-    """Cores this process may run on (its affinity mask), not the machine's total."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def interpreter():
     """(text, gil_on, free_threaded_build) for the running Python."""
     free_build = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
@@ -378,7 +371,7 @@ def flags(cores):
 
 
 def main():
-    cores = usable_cores()
+    cores = timing.usable_cores()
     args, ctx = bootstrap.start(__file__, flags(cores))
     said, gil_on, free_build = interpreter()
     ctx.params = {"workers": args.workers, "loop": args.loop, "numpy_count": args.numpy_count,

@@ -301,7 +301,7 @@ def no_mask(ctx, xp, be, raw, q, k, v, layout, args):
     every = ctx.comm.gather({**t, "reps": args.reps}, root=0)
     if rank:
         return full, out, {}
-    lines, hidden = show.overlap_lines(ctx, every, show.usable_cores())
+    lines, hidden = show.overlap_lines(ctx, every, timing.usable_cores())
     print("\n".join(lines), flush=True)
     return full, out, {"hidden": hidden, "ring_s": max(r["ring"] for r in every),
                        "compute_s": max(r["compute"] for r in every),
@@ -328,7 +328,7 @@ def causal_splits(ctx, xp, be, raw, q, k, v, layouts, args):
     totals = [sum(r[2] for r in got[split]) for split in layouts]
     busiest = {split: max(timings[split]) for split in layouts}
     print(end="".join(line + "\n" for line in show.causal_ring_lines(
-        ctx, ring_s["contiguous"], ring_s["zigzag"], totals, show.usable_cores(), busiest)), flush=True)
+        ctx, ring_s["contiguous"], ring_s["zigzag"], totals, timing.usable_cores(), busiest)), flush=True)
     return causal, outs, {"useful_totals": [sum(r[3] for r in got[split]) for split in layouts],
                           "ring_s": ring_s, "balance": balance}
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from common import bootstrap
+from common import bootstrap, timing
 from common.runner import catalog, engine, launch, preflight
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
@@ -209,8 +209,8 @@ def test_two_checks_at_once_do_not_mix_results():
 
 
 def test_oversubscription_is_announced():
-    n = min(launch.usable_cores() + 1, 4)
-    if n <= launch.usable_cores():
+    n = min(timing.usable_cores() + 1, 4)
+    if n <= timing.usable_cores():
         pytest.skip("this machine has more than 3 usable cores")
     proc = tutor("run", "1", "-n", str(n), env=FIX)
     assert proc.returncode == 0 and "timings will be distorted" in proc.stdout
@@ -221,7 +221,7 @@ def test_open_mpi_gets_oversubscribe(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.5'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("MPIEXEC", str(fake))
-    argv = launch.mpiexec(np=launch.usable_cores() + 1)
+    argv = launch.mpiexec(np=timing.usable_cores() + 1)
     assert "--oversubscribe" in argv
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from common import devices, driver, mpilib
+from common import devices, driver, mpilib, timing
 from common.runner import launch, launchers
 
 
@@ -35,7 +35,7 @@ def python_section():
     line("interpreter", f"{platform.python_implementation()} {platform.python_version()} ({sys.executable}, "
          f"{where})")
     line("GIL", "enabled" if gil else "disabled (free-threaded build)")
-    line("usable cores", f"{launch.usable_cores()} of {os.cpu_count()}")
+    line("usable cores", f"{timing.usable_cores()} of {os.cpu_count()}")
 
 
 def mpi_section():

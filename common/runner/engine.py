@@ -3,6 +3,7 @@ for an outcome are common/runner/verdict.py's; the files the runner writes follo
 import json
 import os
 
+from common import timing
 from common.runner import expect, files, grading, launch
 from common.runner.catalog import ROOT
 from common.runner.preflight import (Blocked, ScriptError, UsageError, check_extra, check_json_target,  # noqa: F401
@@ -36,8 +37,8 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
         print(shown(cmd), flush=True)
     if echo and launch.note():
         print(launch.note(), flush=True)
-    if echo and np > launch.usable_cores():
-        print(f"note: {np} ranks share {launch.usable_cores()} usable cores, so timings will be "
+    if echo and np > timing.usable_cores():
+        print(f"note: {np} ranks share {timing.usable_cores()} usable cores, so timings will be "
               "distorted (results are still checked)", flush=True)
     outcome = launch.run(cmd, timeout or lesson.meta["timeout_s"], echo=echo, env=env, tick=tick)
     if launched:

@@ -46,10 +46,6 @@ def hydra_statuses(line):
     return [int(x) for x in hosts[0].split(",")] if len(hosts) == 1 else None
 
 
-def usable_cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 @dataclass
 class Outcome:
     rc: int

@@ -4,8 +4,8 @@ import functools
 import importlib.util
 import os
 
-from common import devices
-from common.runner import files, launch, schema
+from common import devices, timing
+from common.runner import files, schema
 from common.runner.terminal import path_shown
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
@@ -27,7 +27,7 @@ class Blocked(ValueError):
 def np_ceiling():
     """The most ranks this machine runs without --force: 4 per usable core, at least 8. None when
     MPIEXEC is set (a cluster launcher: the ranks may go to other nodes, whose cores are not ours)."""
-    return None if os.environ.get("MPIEXEC") else max(8, 4 * launch.usable_cores())
+    return None if os.environ.get("MPIEXEC") else max(8, 4 * timing.usable_cores())
 
 
 def parse_np(text, lesson):
@@ -128,7 +128,7 @@ def needs(lesson, np, api, device, force=False):
     cores for np ranks, a GPU per local rank, the libraries the path imports (looked up, not imported)."""
     ceiling = np_ceiling()
     if ceiling and np > ceiling and not force:
-        raise Blocked(f"-n {np} is more ranks than {launch.usable_cores()} cores run sensibly (at most "
+        raise Blocked(f"-n {np} is more ranks than {timing.usable_cores()} cores run sensibly (at most "
                       f"{ceiling}); --force runs it anyway")
     gpu = device == "gpu" or lesson.needs_gpu
     if gpu:

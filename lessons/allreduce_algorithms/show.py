@@ -8,12 +8,11 @@ prints in tuner.show_race.
     reasons(ctx, model, walk, mrows, algos)        each thing the model leaves out, where numbers show it
 """
 import math
-import os
 
 import numpy as np
 
 from common import bandwidth, plot, report, text
-from common.timing import BATCHES
+from common.timing import BATCHES, usable_cores
 from lessons.allreduce_algorithms.model import KMAX, SMALL, ping_step
 from lessons.allreduce_algorithms.schedules import dbt_depth
 
@@ -60,7 +59,7 @@ def closed_forms(ctx, args, results, eps):
 
 def reasons(ctx, model, walk, mrows, algos):
     """What this run measured that the model leaves out, each said only where the numbers show it."""
-    n, cores = ctx.world_size, len(os.sched_getaffinity(0))
+    n, cores = ctx.world_size, usable_cores()
     out = []
     if n > cores:
         out.append(f"(a) {n} ranks on {cores} cores: ranks take turns on the cores, so every round also waits "

@@ -12,7 +12,7 @@ import numpy as np
 
 from common import bandwidth, buffers, report, text
 from common.collectives import ALLREDUCE_NAME
-from common.timing import BATCHES, best_of
+from common.timing import BATCHES, best_of, usable_cores
 from lessons.allreduce_algorithms.model import dbt_chunks, iterations
 from lessons.allreduce_algorithms.schedules import copy_into
 
@@ -140,7 +140,7 @@ def show_race(ctx, args, table, race, overhead):
                            f"round ({what}), which the library's C rounds do not pay:", hang=4))
         print(report.table(["size", "algo", "rounds", "gap us", "noise us", "Python us", "so the gap is"], rows,
                            align=[False, False, True, True, True, True, False]))
-        cores = len(os.sched_getaffinity(0))
+        cores = usable_cores()
         if any(r[-1].startswith("over twice") for r in rows):
             crowd = (f"; and {ctx.world_size} ranks share {cores} cores, so every round also waits for the "
                      "scheduler" if ctx.world_size > cores else "")

@@ -8,7 +8,7 @@ tables, and what the overlap figures show on the transport that ran.
 """
 import os
 
-from common import mpilib, report, text
+from common import mpilib, report, text, timing
 
 
 def heading1(ctx, args, momentum):
@@ -35,7 +35,7 @@ def where_it_runs(ctx, s):
     only inside those calls; gloo runs it on its own worker threads, which need free cores; NCCL runs
     its kernels on their own CUDA stream beside backward's, which is where DDP's overlap comes from."""
     n = ctx.world_size
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = timing.usable_cores()
     lo, hi = s["done_after_backward"]
     k = s["calls_bucketed"]
     done = f"{lo}" if lo == hi else f"{lo}-{hi}"

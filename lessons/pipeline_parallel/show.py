@@ -7,7 +7,7 @@ each chosen by what this run measured. Pure printing: the values come in as argu
 """
 import os
 
-from common import report, text
+from common import report, text, timing
 from lessons.pipeline_parallel import schedules
 
 TITLE = {"gpipe": "GPipe", "1f1b": "1F1B"}  # the schedules, in the order they run and print
@@ -84,7 +84,7 @@ def bubble(ctx, every, formula, cores=None):
     formula, the causes this run measured, each only where its numbers show it. cores: those this
     process may run on (default: its affinity)."""
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = timing.usable_cores()
     n, rows = ctx.world_size, []
     for r, _, _, _, runs in every:
         rows.append((r,) + tuple(x for name in TITLE for x in (

@@ -7,11 +7,10 @@ that say what section 3's latency numbers show, in the words of the transport th
     show.no_race(ctx, bench)                        one rank: why there is no race
 """
 import math
-import os
 
 import numpy as np
 
-from common import bandwidth, plot, report, shards
+from common import bandwidth, plot, report, shards, timing
 from common.collectives import ALLREDUCE_NAME
 
 
@@ -127,7 +126,7 @@ def library_story(ctx, small, alpha):
 
 def latency_story(ctx, rows, alpha):
     """Section 3's lines: the ring's smallest size against 2(N-1)*alpha, the library's, the largest size."""
-    n, cores = ctx.world_size, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    n, cores = ctx.world_size, timing.usable_cores()
     small, big, steps = rows[0], rows[-1], 2 * (n - 1)
     model = steps * alpha * 1e6
     meas = small["ring_us"] / model if model > 0 else float("nan")

@@ -4,18 +4,12 @@ logits, torch's own attention. Tables and the sentences that explain them, each 
 run's numbers support it. Pure printing: the values come in as arguments.
 """
 import math
-import os
 
 import numpy as np
 
 from common import report, text
 
 OVERFLOW = {"float64": math.log(np.finfo(np.float64).max), "float32": math.log(np.finfo(np.float32).max)}
-
-
-def usable_cores():
-    """The cores this process may run on (its affinity where the OS says)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def rows_of(chunks):
