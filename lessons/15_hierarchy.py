@@ -1,31 +1,32 @@
 """Lesson 15 — hierarchy: all-reduce and a mixture-of-experts dispatch across nodes, two levels.
 
 The idea: a cluster has two networks, a fast one inside a node (shared memory, NVLink) and a slower
-one between nodes. A flat ring ignores that: with ranks placed in blocks, each node's last rank sends
-all its 2(N-1)/N of the buffer across. Two levels (NCCL's tree and CollNet, Open MPI's coll/han)
-split the world twice, N = M nodes x K local ranks:
-  1. reduce-scatter inside each node (lesson 09's halves): local rank l holds shard l of its node's sum;
-  2. all-reduce of shard l across nodes, one ring per local rank (lesson 05's ring): M ranks each;
-  3. all-gather inside each node (lesson 09's halves): every rank holds every shard.
-Each rank sends about 2(M-1)/M x C/K across nodes (C: the buffer), K times less than a flat ring's
-edge rank. A mixture-of-experts dispatch has the same shape: a token bound for several experts on
-another node crosses once, to the rank with its local rank there, and fans out inside that node
-(DeepEP's layered dispatch): inter-node bytes fall by this run's de-duplication factor, exactly.
+one between nodes. Split the world twice, N = M nodes x K local ranks; libraries do it two ways:
+  * leader-based (Open MPI's coll/han, MPICH's SMP all-reduce): reduce to one leader per node,
+    all-reduce among the M leaders, broadcast back: one rank and one link per node carry it all;
+  * reduce-scatter, all-reduce, all-gather (NCCL's CollNet Direct, Horovod's hierarchical allreduce)
+    as here: 1. reduce-scatter inside the node (lesson 09): local rank l holds shard l of the
+    node's sum; 2. all-reduce shard l across nodes, one ring per local rank (lesson 05): M ranks
+    each; 3. all-gather inside the node (lesson 09). K ranks, K links per node carry it.
+  NCCL's tree is neither: a chain inside each node, a double binary tree across nodes.
+Across nodes, each rank here sends about 2(M-1)/M x C/K (C: the buffer), a flat ring's edge rank
+2(N-1)/N x C. Per node it is about 2(M-1)/M x C in either variant, and 2(N-1)/N x C for a flat ring
+placed in blocks: hardly more. The gain is K links sharing those bytes, not fewer bytes. A
+mixture-of-experts dispatch has this shape too: a token bound for experts on another node crosses
+once, to my local rank there, then fans out inside (DeepEP's layered dispatch): fewer bytes across.
 
 What to watch for:
-  * section 1 finds the nodes: comm.Split_type(COMM_TYPE_SHARED); on one machine --ranks-per-node K
-    makes pretend nodes instead (--placement block or round-robin), and it says which.
-  * section 2 counts every byte each rank sent, inside its node and across, by where the peer really
-    runs; every count is checked exactly against closed forms, uneven shards included.
-  * section 3 races flat ring, two levels and the library in nccl-tests' columns; section 4 the
-    dispatch, flat and layered. Pretend nodes share one transport: only counts and steps differ.
+  * section 1 finds the nodes (comm.Split_type(COMM_TYPE_SHARED)); on one machine, one node, the
+    ranks are split into groups that stand in for nodes (--groups MxK:placement, --ranks-per-node).
+  * section 2 counts what each rank and each node sent across (by where the peer runs); checks hold
+    each rank's reduce-scatter and ring bytes, and the totals, to closed forms (uneven shards too).
+  * section 3 races flat ring, two levels and the library; section 4 the dispatch, flat and layered.
 
 Run it:
-  make lesson-15 NP=4 ARGS="--ranks-per-node 2"       (API=torch; ARGS="... --placement round-robin")
+  make lesson-15 NP=6 ARGS="--groups 3x2:round-robin"   (API=torch; 2x3:block: 2 groups of 3 ranks)
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/15_hierarchy.py --ranks-per-node 2
   bin/tutor testbed run -- bin/tutor run 15 -n 4      (two real nodes of 2 ranks)
-Read after: lessons/hierarchy/reference.py, what the checks hold the lesson to (where ranks really
-run, the routing and its one-process reference).
+Read after: lessons/hierarchy/reference.py (where ranks really run, the routing's reference).
 """
 import contextlib
 import os
@@ -36,8 +37,9 @@ import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, p2p, report, shards, subgroups, timing  # noqa: E402
 from lessons.hierarchy import show  # noqa: E402
-from lessons.hierarchy.reference import (DMODEL, EXPERTS, TOKENS, delivered, moe_one_process, moe_tokens,  # noqa: E402
-                                         placement_of, pretend_node, route, row, truth)
+from lessons.hierarchy.reference import (DMODEL, EXPERTS, PLACEMENTS, TOKENS, delivered, group_for,  # noqa: E402
+                                         moe_one_process, moe_tokens, parse_groups, placement_of,
+                                         pretend_node, route, row, truth)
 
 five, nine = bootstrap.lesson_module("05"), bootstrap.lesson_module("09")
 SEED = 15                 # rank r's data comes from seed SEED + r
@@ -51,7 +53,7 @@ BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)    # --bench: nc
 # ---------------------------------------------------------------- section 1: nodes
 def find_node(ctx, args):
     """(my node's communicator, 'real' | 'pretend', my node's label): the ranks that share my memory,
-    found by MPI; with one node and --ranks-per-node K, a pretend node of the placement asked for."""
+    found by MPI; on one machine (one node), a group of K ranks standing in for a node, as placed."""
     from mpi4py import MPI
     node = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)  # the ranks on my machine
     lowest = node.allreduce(ctx.rank, op=MPI.MIN)
@@ -182,10 +184,15 @@ def count_summary(ctx, mine, lay, itemsize, count):
         return {}
     tot = {key: sum(e[key] for e in every) for key in ("two_across", "two_inside", "flat_across",
                                                          "flat_inside", "ag_bytes")}
+    per_node = {key: [sum(e[key] for e, (j, _) in zip(every, lay["places"]) if j == node)
+                      for node in range(lay["m"])] for key in ("flat_across", "two_across")}
     sums = {"two_across_total": tot["two_across"], "two_inside_total": tot["two_inside"],
             "flat_across_total": tot["flat_across"], "flat_total": tot["flat_across"] + tot["flat_inside"],
             "ag_total": tot["ag_bytes"], "flat_across_max": max(e["flat_across"] for e in every),
-            "two_across_max": max(e["two_across"] for e in every), "buffer_bytes": count * itemsize}
+            "two_across_max": max(e["two_across"] for e in every), "buffer_bytes": count * itemsize,
+            "flat_across_per_node": per_node["flat_across"], "two_across_per_node": per_node["two_across"],
+            "flat_across_node_max": max(per_node["flat_across"]),
+            "two_across_node_max": max(per_node["two_across"])}
     show.counts(every, sums, lay, ctx.world_size, itemsize, count)
     return sums
 
@@ -306,12 +313,15 @@ def moe_summary(ctx, mine, tokens):
 
 def flags():
     parser = bootstrap.lesson_parser(__file__, __doc__)
+    parser.add_argument("--groups", type=parse_groups, metavar="MxK:PLACEMENT,...",
+                        help="on one machine: M groups of K ranks stand in for nodes, placed block or "
+                        "round-robin; the entry of N = M x K ranks is used (e.g. 3x2:round-robin,2x4:block)")
     parser.add_argument("--ranks-per-node", type=bootstrap.positive(int), metavar="K",
-                        help="on one machine: pretend nodes of K ranks (default: two nodes when N is even, else "
-                        "one); real nodes win when MPI finds them")
-    parser.add_argument("--placement", choices=("block", "round-robin"), default="block",
-                        help="pretend nodes: ranks 0..K-1 on node 0 (block) or rank r on node r mod N/K, as a "
-                        "launcher may place them")
+                        help="on one machine: groups of K ranks stand in for nodes (default: two groups when "
+                        "N is even, else one); real nodes win when MPI finds them")
+    parser.add_argument("--placement", choices=PLACEMENTS,
+                        help="with --ranks-per-node: ranks 0..K-1 in group 0 (block, the default) or rank r in "
+                        "group r mod N/K (round-robin), as a launcher may place them")
     parser.add_argument("--count", type=bootstrap.positive(int), default=COUNT,
                         help=f"all-reduce items per rank (default {COUNT})")
     parser.add_argument("--tokens", type=bootstrap.nonneg_int, default=TOKENS,
@@ -334,13 +344,31 @@ def networks(ctx, lay):
     return raw, meter, nets
 
 
-def main():
-    args, ctx = bootstrap.start(__file__, flags())
+def shape(ctx, args):
+    """Settle --groups / --ranks-per-node / --placement into args.ranks_per_node, args.placement and
+    args.shape_from (what section 1 says they came from); returns N."""
     n = ctx.world_size
-    args.asked_k = args.ranks_per_node
-    args.ranks_per_node = args.ranks_per_node or (n // 2 if n % 2 == 0 else n)  # two pretend nodes
+    if args.groups and (args.ranks_per_node or args.placement):
+        ctx.fail("--groups sets K and the placement: give it, or --ranks-per-node and --placement")
+    picked = group_for(args.groups, n)
+    args.asked = bool(args.groups or args.ranks_per_node or args.placement)  # said when real nodes win
+    if picked:
+        args.ranks_per_node, args.placement = picked
+        args.shape_from = f"--groups {n // picked[0]}x{picked[0]}:{picked[1]}"
+    elif args.ranks_per_node:
+        args.shape_from = f"--ranks-per-node {args.ranks_per_node}"
+    else:  # two groups when N is even; --groups names no layout of N ranks, or was not given
+        args.ranks_per_node = n // 2 if n % 2 == 0 else n
+        args.shape_from = "the default" + (f" (--groups has no layout of {n} ranks)" if args.groups else "")
+    args.placement = args.placement or "block"
     if n % args.ranks_per_node:
         ctx.fail(f"--ranks-per-node {args.ranks_per_node} does not divide {n} ranks: nodes must be equal")
+    return n
+
+
+def main():
+    args, ctx = bootstrap.start(__file__, flags())
+    n = shape(ctx, args)                                          # K and placement of the groups
     try:
         pick, sweep = bandwidth.sweep_plan(args, RACE, BENCH)
     except ValueError as exc:

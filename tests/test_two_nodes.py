@@ -72,7 +72,7 @@ def test_lesson_on_two_nodes(bed, lesson, api, tmp_path):
         assert [r["local_rank"] for r in results["ranks"]] == [0, 1, 0, 1], said
         names = [n for n, _ in bed.nodes]
         assert re.search(rf"{names[0]}: ranks 0, 1\b.*\n.*{names[1]}: ranks 2, 3\b", proc.stdout), said
-    if lesson.name == "15_hierarchy":  # real nodes from MPI's split (the YAML's pretend K is not used)
+    if lesson.name == "15_hierarchy":  # real nodes from MPI's split (the YAML's stand-in groups are not used)
         assert (results["params"]["real"], results["params"]["nodes"], results["params"]["k"]) == (1, 2, 2), said
         assert "nodes: real: MPI's shared-memory split found 2 nodes" in proc.stdout, said
 

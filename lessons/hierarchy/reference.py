@@ -1,8 +1,11 @@
 """What lesson 15 is checked against, apart from the code it teaches: where each rank really runs
-(pretend placements on one machine, and the nodes read back from every rank's home), and the
+(groups standing in for nodes on one machine, and the nodes read back from every rank's home), and the
 mixture-of-experts routing with its one-process reference (what should reach each rank, and how many
 (token, rank) and (token, node) pairs leave a node: the de-duplication factor's two sides).
 """
+import argparse
+import re
+
 import numpy as np
 
 SEED = 15                 # lesson 15's seed: rank r's tokens come from SEED + 100 + r
@@ -11,8 +14,33 @@ EXPERTS, TOPK = 2, 3      # experts per rank (expert e on world rank e // EXPERT
 MOE_SEED = 150            # the router
 
 
+PLACEMENTS = ("block", "round-robin")
+GROUP = re.compile(r"^(\d+)x(\d+):(block|round-robin)$")
+
+
+def parse_groups(text):
+    """--groups: 'MxK:placement,...' -> [(M, K, placement)]; a flag type (one line on bad input)."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        hit = GROUP.match(item)
+        if not hit or int(hit[1]) < 1 or int(hit[2]) < 1:
+            raise argparse.ArgumentTypeError(f"expected MxK:block or MxK:round-robin (M groups of K ranks), "
+                                             f"got {item!r}")
+        out.append((int(hit[1]), int(hit[2]), hit[3]))
+    if not out or len({m * k for m, k, _ in out}) < len(out):
+        raise argparse.ArgumentTypeError(f"expected one MxK:placement per world size, got {text!r}")
+    return out
+
+
+def group_for(groups, n):
+    """(K, placement) of the --groups entry of N = M x K ranks, or None when none is N ranks."""
+    return next(((k, p) for m, k, p in groups or [] if m * k == n), None)
+
+
 def pretend_node(rank, n, k, placement):
-    """The pretend node a launcher's placement puts world rank `rank` on (N/K nodes of K ranks)."""
+    """The group standing in for a node that a launcher's placement puts world rank `rank` on (N/K
+    groups of K ranks): block, or round-robin as Open MPI's --map-by node or Slurm's cyclic
+    distribution deal ranks out."""
     return rank // k if placement == "block" else rank % (n // k)
 
 
