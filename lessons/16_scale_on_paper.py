@@ -10,12 +10,12 @@ against; each published figure comes with the address where it was read.
 
 What to watch for:
   * section 1: the link classes, then predicted / published / ratio / source for seven all-reduce
-    busbw figures, each held within +-15%; then the two the model misses (NVLink SHARP: the switch
-    itself reduces), and why.
+    busbw figures, each held within +-15%; then the two it misses (NVLink SHARP, where the switch
+    itself reduces: the model has no term for that).
   * section 2: a training step of an 8B- and a 70B-shaped transformer on 8 to 1024 GPUs: data
     parallelism (08), ZeRO-3 / FSDP (10), and 3D: tensor parallelism in the node (11), pipeline
-    stages across nodes (12), data parallelism across the rest. The step lies between
-    max(compute, comm) (all overlapped) and their sum (none).
+    stages across nodes (12), data parallelism across the rest, each priced per call (calls x
+    alpha + bytes / bandwidth); the step lies between max(compute, comm) and their sum.
   * section 3: the same step dry-run at 1024 ranks in this one process through the kit's counting
     communicator (common/counting.py; nothing moves): its counts equal the closed forms.
   * section 4 (2+ ranks): the model with THIS machine's alpha and beta (lesson 07's measurement)
@@ -111,8 +111,7 @@ def step_rows(args, classes):
             c = cluster_for(args, world // args.gpus_per_node, classes)
             for strategy in ("dp", "fsdp", "3d"):
                 r = step.step(strategy, shape, c)  # the plan's bytes and seconds, the overlap bound
-                rows.append(dict(r, model=name, block_params=r.get("block_params", 0),
-                                 root_params=r.get("root_params", 0)))
+                rows.append(dict(r, model=name))
     return rows
 
 

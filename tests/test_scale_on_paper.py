@@ -70,6 +70,45 @@ def test_the_dry_run_counts_equal_the_closed_forms_at_any_world(name, world):
     assert d["fsdp_bytes"] == pytest.approx(per_gpu, rel=1e-4)
 
 
+def test_the_ring_is_lesson_07s_and_every_call_pays_its_latencies():
+    from lessons.allreduce_algorithms.model import predict
+    for n in (2, 7, 1024):
+        assert links.ring(n, 12345, 3e-6, 2e9) == pytest.approx(predict("ring", n, 12345, 3e-6, 1 / 2e9, 0.0))
+        # 5 calls of a fifth each cost what 5 separate rings cost
+        assert links.ring(n, 5000, 3e-6, 2e9, 5) == pytest.approx(5 * links.ring(n, 1000, 3e-6, 2e9))
+        assert links.reduce_scatter_time(n, 5000, 3e-6, 2e9, 5) == pytest.approx(links.ring(n, 5000, 3e-6, 2e9, 5) / 2)
+
+
+@pytest.mark.parametrize("name", sorted(step.SHAPES))
+def test_every_plan_is_priced_per_call_with_the_dry_runs_counts(name):
+    """The step's calls are the dry run's, and its price is the sum of each call's (issue 36: one
+    collective a pass hid 70B FSDP's 242 x 1023 latencies at 1024 GPUs)."""
+    s, world = step.SHAPES[name], 1024
+    d, c = dry.dry_run(s, world), links.Cluster(8, world // 8, "nvlink4", "ndr", 8)
+    dp, fsdp, three = (step.step(k, s, c) for k in ("dp", "fsdp", "3d"))
+    assert dp["calls"] == d["dp_allreduce_calls"]
+    assert fsdp["calls"] == d["fsdp_all_gather_calls"] + d["fsdp_reduce_scatter_calls"]
+    assert (three["tp_calls"], three["pp_calls"], three["dp_calls"]) == \
+        (d["tp_allreduce_calls"], d["pp_send_calls"], d["dp3_allreduce_calls"])
+    alpha, bw = c.alpha(c.nic), links.bottleneck(c)  # fsdp: each unit gathered twice (the root once), scattered once
+    per_call = sum((2 if i else 1) * links.reduce_scatter_time(world, 2 * u, alpha, bw) +
+                   links.reduce_scatter_time(world, 2 * u, alpha, bw) for i, u in enumerate(dry.units(s)))
+    assert fsdp["comm_s"] == pytest.approx(per_call, rel=1e-9)
+    buckets = [step.BUCKET] * (dp["calls"] - 1) + [2 * dp["params"] - step.BUCKET * (dp["calls"] - 1)]
+    assert dp["ring_s"] == pytest.approx(sum(links.ring_time(c, b) for b in buckets), rel=1e-9)
+    assert dp["latency_s"] < dp["comm_s"] and fsdp["latency_s"] < fsdp["comm_s"]
+
+
+def test_70b_fsdp_at_1024_gpus_cannot_hide_behind_compute():
+    """Priced per call, 70B's FSDP communication at 1024 GPUs (about 2.5 s) outlasts its compute (1.75 s);
+    3D's still fits under its own."""
+    c = links.Cluster(8, 128, "nvlink4", "ndr", 8)
+    fsdp, three = step.step("fsdp", step.SHAPES["70B"], c), step.step("3d", step.SHAPES["70B"], c)
+    assert fsdp["comm_s"] == pytest.approx(2.5, abs=0.1) and fsdp["comm_s"] > fsdp["busy_s"]
+    assert fsdp["latency_s"] == pytest.approx(242 * 1023 * 5e-6)
+    assert three["comm_s"] < three["busy_s"]
+
+
 def test_a_cluster_described_by_flags_is_refused_in_one_line_when_impossible():
     done = tutor("run", "16", "-n", "1", "--", "--nic-Gbps", "-5", timeout=120)
     said = done.stdout + done.stderr

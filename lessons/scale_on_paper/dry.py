@@ -9,10 +9,7 @@ import math
 import numpy as np
 
 from common import counting
-from lessons.scale_on_paper.step import BYTES, SEQ, SEQS, layer_params, layout, params
-
-BUCKET = 25 * 1024 * 1024    # torch DDP's default bucket: _DEFAULT_BUCKET_CAP_MB = 25 (MiB), in
-#                              torch/nn/parallel/distributed.py of the installed torch 2.13.0
+from lessons.scale_on_paper.step import BUCKET, BYTES, SEQ, SEQS, layer_params, layout, params
 
 
 class Nothing:

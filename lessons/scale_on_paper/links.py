@@ -2,9 +2,10 @@
 alpha-beta formulas, and the published figures the prices are checked against.
 
     Cluster(gpus_per_node, nodes, intra, nic, nics_per_node, links)   one GPU's links, one direction, B/s
-    ring_time(cluster, nbytes)      NCCL's ring over every rank: lesson 07's predict("ring", ...)
+    ring(n, nbytes, alpha, bw, calls)  lesson 07's ring all-reduce, nbytes in all over `calls` calls
+    ring_time(cluster, nbytes, calls)  NCCL's ring over every rank of a cluster
     nvls_time(cluster, nbytes)      NVSwitch reduces in the switch: each GPU moves (n+1)/n of the buffer
-    two_level(cluster, nbytes)      the hierarchy: reduce-scatter in the node, all-reduce across, all-gather
+    two_level(cluster, nbytes, calls)  the hierarchy: reduce-scatter in the node, all-reduce across, all-gather
     price(figure)                   its busbw: common/bandwidth.py's, nccl-tests' all-reduce factor 2(n-1)/n
     FIGURES, MISSES                 published all-reduce busbw, each with its address and the phrase read
 
@@ -15,7 +16,6 @@ import math
 from dataclasses import dataclass
 
 from common import bandwidth
-from lessons.allreduce_algorithms.model import predict
 
 GB = 1e9
 # the one efficiency: NCCL's maintainer, on 8 x H100: "450GB/s is the line rate. With the protocol
@@ -67,6 +67,14 @@ class Cluster:
         return (self.links or LINKS)[link]["alpha_us"] * 1e-6
 
 
+def specs(c):
+    """Cluster c's shape and raw link specs, as a results row reports them (the runner prices from them)."""
+    table = c.links or LINKS
+    return dict(gpus_per_node=c.gpus_per_node, nodes=c.nodes, nics_per_node=c.nics_per_node,
+                intra_GBps=table[c.intra]["GBps"], nic_GBps=table[c.nic]["GBps"],
+                alpha_intra_us=table[c.intra]["alpha_us"], alpha_nic_us=table[c.nic]["alpha_us"])
+
+
 def bottleneck(c):
     """B/s each rank's ring moves (one direction): NCCL runs one ring per NIC, so across nodes the
     rings together get nics_per_node NICs through each node's edge, and every ring also crosses each
@@ -76,10 +84,17 @@ def bottleneck(c):
     return min(c.bw(c.intra), c.nics_per_node * c.bw(c.nic))
 
 
-def ring_time(c, nbytes):
-    """Lesson 07's ring: 2(N-1) alpha + 2(N-1)/N n beta (no gamma: the GPU adds far faster than links move)."""
+def ring(n, nbytes, alpha, bw, calls=1):
+    """Lesson 07's ring all-reduce (its predict("ring", ...) without gamma: the GPU adds far faster than
+    links move) of nbytes in all, split over `calls` calls: each call pays the ring's 2(N-1) latencies,
+    so calls x 2(N-1) alpha + 2(N-1)/N nbytes / bw."""
+    return calls * 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bw
+
+
+def ring_time(c, nbytes, calls=1):
+    """The ring over every rank of cluster c, at the slowest link class it crosses."""
     alpha = c.alpha(c.nic) if c.nodes > 1 else c.alpha(c.intra)
-    return predict("ring", c.n, nbytes, alpha, 1 / bottleneck(c), 0.0)
+    return ring(c.n, nbytes, alpha, bottleneck(c), calls)
 
 
 def nvls_time(c, nbytes):
@@ -88,21 +103,22 @@ def nvls_time(c, nbytes):
     return c.alpha(c.intra) + (c.n + 1) / c.n * nbytes / c.bw(c.intra)
 
 
-def reduce_scatter_time(n, nbytes, alpha, bw):
-    """Half of lesson 07's ring all-reduce: (N-1) alpha + (N-1)/N n beta (all-gather costs the same)."""
-    return predict("ring", n, nbytes, alpha, 1 / bw, 0.0) / 2
+def reduce_scatter_time(n, nbytes, alpha, bw, calls=1):
+    """Half of the ring all-reduce, nbytes in all over `calls` calls: calls x (N-1) alpha + (N-1)/N
+    nbytes / bw (an all-gather costs the same)."""
+    return calls * (n - 1) * alpha + (n - 1) / n * nbytes / bw
 
 
-def two_level(c, nbytes):
-    """The hierarchy lesson's two levels, one after the other: reduce-scatter inside each node, an
-    all-reduce of each GPU's 1/g across the nodes (each GPU on its share of the node's NICs), then an
-    all-gather inside the node. On one node it is the ring."""
+def two_level(c, nbytes, calls=1):
+    """The hierarchy lesson's two levels, one after the other, each call: reduce-scatter inside each
+    node, an all-reduce of each GPU's 1/g across the nodes (each GPU on its share of the node's NICs),
+    then an all-gather inside the node. On one node it is the ring."""
     g, m = c.gpus_per_node, c.nodes
     if m == 1:
-        return ring_time(c, nbytes)
-    intra = 2 * reduce_scatter_time(g, nbytes, c.alpha(c.intra), c.bw(c.intra))
+        return ring_time(c, nbytes, calls)
+    intra = 2 * reduce_scatter_time(g, nbytes, c.alpha(c.intra), c.bw(c.intra), calls)
     share = min(c.bw(c.intra), c.nics_per_node * c.bw(c.nic) / g)  # this GPU's part of the node's NICs
-    return intra + predict("ring", m, math.ceil(nbytes / g), c.alpha(c.nic), 1 / share, 0.0)
+    return intra + ring(m, math.ceil(nbytes / g), c.alpha(c.nic), share, calls)
 
 
 def price(row):

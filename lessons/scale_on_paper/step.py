@@ -4,10 +4,12 @@ priced on a cluster of lessons/scale_on_paper/links.py.
     params(shape)                      parameters of a decoder-only transformer of these shapes
     plan(strategy, shape, world)       bytes and calls per GPU per step, closed forms (lessons 08-12)
     step(strategy, shape, cluster)     communication and compute seconds, and the overlap bound
-The same step dry-run through the counting communicator: lessons/scale_on_paper/dry.py.
+Every call pays its latencies: a plan is priced calls x alpha + bytes / bandwidth, with the calls the
+dry run counts (the same step through the counting communicator: lessons/scale_on_paper/dry.py).
 """
-from lessons.allreduce_algorithms.model import predict
-from lessons.scale_on_paper.links import Cluster, bottleneck, reduce_scatter_time, ring_time, two_level
+import math
+
+from lessons.scale_on_paper.links import Cluster, bottleneck, reduce_scatter_time, ring, ring_time, specs, two_level
 
 # shapes of the 8B and 70B size class (grouped-query attention: kv_heads of heads; untied embeddings)
 SHAPES = {
@@ -22,6 +24,11 @@ PP = 4                       # pipeline stages across nodes, as in lesson 12 (fe
 FLOPS = 989.4e12             # H100 SXM BF16 dense tensor FLOP/s: "BF16 | 133.8 | 989.4 | 1978.9"
 FLOPS_SOURCE = "https://glennklockwood.com/garden/processors/h100"
 STATE = 16                   # bytes of model state per parameter: bf16 weight + grad, fp32 master + Adam
+BUCKET = 25 * 1024 * 1024    # torch DDP's default bucket: _DEFAULT_BUCKET_CAP_MB = 25 (MiB), in
+#                              torch/nn/parallel/distributed.py of the installed torch 2.13.0
+# every row carries every plan's parts (0 where the plan has none), so the runner's checks read them all
+PARTS = ("tp", "pp", "dp", "micro", "tp_calls", "pp_calls", "dp_calls", "tp_bytes", "pp_bytes", "dp_bytes",
+         "tp_s", "pp_s", "dp_s", "ring_s", "two_level_s", "block_params", "root_params")
 
 
 def layer_params(s):
@@ -43,48 +50,59 @@ def layout(world, gpus_per_node=8):
 def plan(strategy, s, world, gpus_per_node=8):
     """Bytes each GPU sends per step, and what they are, from lessons 08-12's closed forms."""
     p, n = params(s), world
-    if strategy == "dp":  # lesson 08: all-reduce the gradient, 2(N-1)/N of it per rank
-        return dict(comm_bytes=2 * (n - 1) / n * BYTES * p, state_gb=STATE * p / 1e9)
+    if strategy == "dp":  # lesson 08: all-reduce the gradient, 2(N-1)/N of it per rank, bucket by bucket
+        return dict(comm_bytes=2 * (n - 1) / n * BYTES * p, calls=math.ceil(BYTES * p / BUCKET),
+                    state_gb=STATE * p / 1e9)
     if strategy == "fsdp":  # lesson 10: all-gather forward, again backward, reduce-scatter gradients;
         blocks = s["layers"] * layer_params(s)  # fully_shard keeps the root gathered for backward
         return dict(comm_bytes=(n - 1) / n * BYTES * (3 * blocks + 2 * (p - blocks)), state_gb=STATE * p / n / 1e9,
+                    calls=(2 * s["layers"] + 1) + (s["layers"] + 1),  # all-gathers + reduce-scatters, a unit each
                     block_params=blocks, root_params=p - blocks)
     tp, pp, dp = layout(world, gpus_per_node)
     micro = SEQS // dp
     act = SEQ * s["d"] * BYTES  # one microbatch's activation at a layer boundary
-    tp_calls = 4 * (s["layers"] // pp) * micro  # lesson 11: f and g, forward and backward, per layer
-    return dict(tp=tp, pp=pp, dp=dp, micro=micro, tp_calls=tp_calls, act_bytes=act,
+    # calls that move something (a group of one sends nothing); pp: a middle stage's sends
+    tp_calls = 4 * (s["layers"] // pp) * micro if tp > 1 else 0  # lesson 11: f and g, forward and backward
+    pp_calls = 2 * micro if pp > 1 else 0  # lesson 12: each microbatch's activation on, its gradient back
+    dp_calls = math.ceil(BYTES * p // (tp * pp) / BUCKET) if dp > 1 else 0  # DDP buckets its gradient
+    return dict(tp=tp, pp=pp, dp=dp, micro=micro, act_bytes=act, tp_calls=tp_calls, pp_calls=pp_calls,
+                dp_calls=dp_calls, calls=tp_calls + pp_calls + dp_calls,
                 tp_bytes=tp_calls * 2 * (tp - 1) / tp * act,
-                pp_bytes=(2 * micro * act) if pp > 1 else 0,  # lesson 12: activations on, gradients back
+                pp_bytes=pp_calls * act,
                 dp_bytes=2 * (dp - 1) / dp * BYTES * p / (tp * pp),
                 state_gb=STATE * p / (tp * pp) / 1e9)
 
 
 def step(strategy, s, c):
-    """{comm_s, compute_s, busy_s, step_lo, step_hi, ...} for one step on cluster c."""
+    """{comm_s, latency_s, compute_s, busy_s, step_lo, step_hi, ...} for one step on cluster c: each
+    plan's calls x the latencies each call pays + its bytes / bandwidth."""
     p, n = params(s), c.n
-    out = dict(plan(strategy, s, n, c.gpus_per_node), strategy=strategy, world=n, params=p, tokens=SEQ * SEQS,
-               flops=FLOPS)
+    out = dict(dict.fromkeys(PARTS, 0), **plan(strategy, s, n, c.gpus_per_node), **specs(c), strategy=strategy,
+               world=n, params=p, tokens=SEQ * SEQS, flops=FLOPS, layers=s["layers"], d=s["d"], seq=SEQ, seqs=SEQS)
     out["compute_s"] = 6 * p * SEQ * SEQS / n / FLOPS  # forward 2, backward 4 FLOPs per parameter-token
     out["busy_s"] = out["compute_s"]
-    if strategy == "dp":
-        g = BYTES * p
-        out["ring_s"], out["two_level_s"] = ring_time(c, g), two_level(c, g)
-        out["comm_s"] = min(out["ring_s"], out["two_level_s"])
-    elif strategy == "fsdp":  # three passes, each a reduce-scatter's worth on the ring across nodes
+    calls, g = out["calls"], BYTES * p
+    if strategy == "dp":  # every bucket a ring, or two levels: the faster
+        ring_s, two_s = ring_time(c, g, calls), two_level(c, g, calls)
+        out.update(ring_s=ring_s, two_level_s=two_s, comm_s=min(ring_s, two_s),
+                   latency_s=ring_time(c, 0, calls) if ring_s <= two_s else two_level(c, 0, calls))
+    elif strategy == "fsdp":  # a ring across every rank per call, (N-1) steps each
         alpha = c.alpha(c.nic) if c.nodes > 1 else c.alpha(c.intra)
-        out["comm_s"] = 3 * reduce_scatter_time(n, BYTES * p, alpha, bottleneck(c))
+        passes = BYTES * (3 * out["block_params"] + 2 * out["root_params"])  # whole units, summed over calls
+        out["comm_s"] = reduce_scatter_time(n, passes, alpha, bottleneck(c), calls)
+        out["latency_s"] = reduce_scatter_time(n, 0, alpha, bottleneck(c), calls)
     else:
-        tp, pp, dp, m = out["tp"], out["pp"], out["dp"], out["micro"]
+        tp, pp, dp, m, act = out["tp"], out["pp"], out["dp"], out["micro"], out["act_bytes"]
         node = Cluster(tp, 1, c.intra, c.nic, c.nics_per_node, c.links)  # one node of c
-        t_tp = out["tp_calls"] * ring_time(node, out["act_bytes"])
         nic = min(c.bw(c.nic) * c.nics_per_node / c.gpus_per_node, c.bw(c.intra))  # this GPU's NIC share
-        t_pp = 2 * m * (c.alpha(c.nic) + out["act_bytes"] / nic) if pp > 1 else 0.0
-        t_dp = predict("ring", dp, BYTES * p / (tp * pp), c.alpha(c.nic), 1 / nic, 0.0)
-        out.update(tp_s=t_tp, pp_s=t_pp, dp_s=t_dp, comm_s=t_tp + t_pp + t_dp)
+        k_tp, k_pp, k_dp = out["tp_calls"], out["pp_calls"], out["dp_calls"]
+        out["tp_s"] = ring_time(node, k_tp * act, k_tp)                 # each call the node's ring
+        out["pp_s"] = k_pp * c.alpha(c.nic) + out["pp_bytes"] / nic      # each call one message
+        out["dp_s"] = ring(dp, g / (tp * pp), c.alpha(c.nic), nic, k_dp)  # each bucket a ring over dp
+        out["comm_s"] = out["tp_s"] + out["pp_s"] + out["dp_s"]
+        out["latency_s"] = ring_time(node, 0, k_tp) + k_pp * c.alpha(c.nic) + ring(dp, 0, c.alpha(c.nic), nic, k_dp)
         out["busy_s"] = out["compute_s"] * (m + pp - 1) / m  # lesson 12's bubble: (p-1)/(m+p-1) idle
-    out["comm_bytes"] = out.get("comm_bytes", out.get("tp_bytes", 0) + out.get("pp_bytes", 0) +
-                                out.get("dp_bytes", 0))
+    out["comm_bytes"] = out.get("comm_bytes", out["tp_bytes"] + out["pp_bytes"] + out["dp_bytes"])
     out["step_lo"] = max(out["busy_s"], out["comm_s"])   # every byte hidden behind compute, at best
     out["step_hi"] = out["busy_s"] + out["comm_s"]       # nothing hidden, at worst
     return out
