@@ -10,8 +10,9 @@ Each call is one fixed-size slot of a ring (SLOTS of them) in $TUTOR_RUN_DIR/ran
 place through mmap before the call starts and again when it ends: a rank blocked inside a C MPI call
 cannot run Python, so what it was doing must be on disk already. A slot holds the call's sequence
 number on its communicator (collectives and point-to-point counted apart), op, dtype, count, root,
-peers, the communicator's name and a state: started, enqueued (a GPU call returned once queued; it is
-marked completed at the next sync, as torch's flight recorder tells enqueued from completed) or
+peers, the communicator's name and a state, as the host sees it: started (inside the call), enqueued
+(a GPU call returned once queued; marked completed at the next sync) or completed. torch's flight
+recorder says what the GPU sees instead: scheduled, started (only with TORCH_NCCL_ENABLE_TIMING=1),
 completed. The header counts every write, so a reader sees whether a rank's record still moves.
 Without a run folder the same ring lives in memory (the lesson can still read itself: entries()).
 common/runner/flightwatch.py reads the files, common/runner/diagnose.py names the first divergence;

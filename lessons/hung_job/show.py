@@ -2,12 +2,16 @@
 from common import report
 
 
-def record(entries, last=6):
+def record(entries, last=6, lucky=False):
+    """The record's last calls; lucky: a planted fault's run got here, every call returned."""
     print(f"rank 0's record, last {last} calls:")
     print(report.table(["#", "op", "dtype", "count", "root/peers", "comm", "state", "at"],
                        [(e["seq"], e["op"], e["dtype"], e["count"],
                          e["peers"] or (e["root"] if e["root"] >= 0 else ""), e["comm"], e["state"], e["site"])
                         for e in entries[-last:]]))
+    if lucky:
+        print("the fault did not stop this run: every call returned and every value checked was right,\n"
+              "by luck (the library let the mismatch through); the ranks' records still hold it", flush=True)
 
 
 def straggler(slow):
@@ -26,8 +30,22 @@ def reading(clean, cases):
                         for c in cases]))
 
 
-def cost(worst, checked):
-    """worst: the slowest rank's seconds per call (record, bare, recorded)."""
-    print(f"recording alone: {worst['record'] * 1e6:.1f} us per call (slowest rank)\n"
-          f"an all-reduce of 1 float: {worst['bare'] * 1e6:.1f} us bare, {worst['recorded'] * 1e6:.1f} us recorded"
-          + (" and checked (--debug-collectives)" if checked else ""), flush=True)
+def cost_verdict(secs, noise):
+    """'more' when the recorded all-reduce took longer than the bare one by more than this run's noise
+    (the larger of the two's spreads), 'less' when shorter by more than it, else 'noise'."""
+    gap, wander = secs["recorded"] - secs["bare"], max(noise["recorded"], noise["bare"])
+    return "noise" if abs(gap) <= wander else ("more" if gap > 0 else "less")
+
+
+def cost(secs, noise, verdict, checked):
+    """secs, noise: the slowest rank's seconds per call and its batches' spread (record, bare, recorded)."""
+    us = {k: v * 1e6 for k, v in secs.items()}
+    gap, wander = us["recorded"] - us["bare"], max(noise["recorded"], noise["bare"]) * 1e6
+    what = "recorded and checked" if checked else "recorded"  # --debug-collectives checks each call
+    print(f"recording alone: {us['record']:.1f} us per call (noise {noise['record'] * 1e6:.1f} us)\n"
+          f"an all-reduce of 1 float: {us['bare']:.1f} us bare, {us['recorded']:.1f} us {what}"
+          f" (noise {wander:.1f} us)")
+    print({"more": f"{what} costs {gap:.1f} us more a call, beyond this run's noise",
+           "noise": f"the difference, {gap:+.1f} us, is within this run's noise: recording's cost is lost in it",
+           "less": f"{what} ran {-gap:.1f} us faster, beyond the noise: the machine's load, not the\n"
+                   "recorder (it only adds work), moved the clock"}[verdict], flush=True)
