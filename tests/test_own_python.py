@@ -45,6 +45,15 @@ def test_your_own_python_must_be_a_full_path(tmp_path):
         "tutor: TUTOR_PYTHON='python3' is not an executable given by its full path"]
 
 
+def test_a_program_that_is_not_python_passes_nothing():
+    """TUTOR_PYTHON=/bin/true: every command exec'ed into it exited 0 and said nothing, a false pass."""
+    for argv in (["check"], ["run", "00"], ["list"]):
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "bin", "tutor"), *argv], cwd=ROOT,
+                              env=own_env(TUTOR_PYTHON="/bin/true"), capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [
+            "tutor: TUTOR_PYTHON=/bin/true is not a Python (asked to print a line, it printed '')"], proc.stderr
+
+
 def venv_kit(tmp_path, interpreter):
     """A checkout whose .venv has a bin/python that is `interpreter` (a link, maybe to nothing) and
     the stamp of an earlier `make setup`."""
@@ -73,7 +82,7 @@ def test_a_venv_whose_python_is_gone_is_made_anew(tmp_path):
     told = subprocess.run([sys.executable, str(kit / "bin" / "tutor"), "list"], cwd=kit, env=clean_env(),
                           capture_output=True, text=True, timeout=60)
     assert told.returncode != 0 and told.stderr.strip().splitlines() == [
-        "tutor: .venv's Python no longer runs (its interpreter is gone): `make setup` makes .venv anew"]
+        "tutor: .venv's Python no longer runs (its interpreter is gone): `make setup` renews it, or says how"]
 
 
 def test_a_venv_made_by_hand_gets_the_requirements_and_a_clear_line(tmp_path):
