@@ -46,7 +46,7 @@ XDIST  = $(if $(filter-out 0 1,$(TEST_JOBS)),$(shell $(PY) -c 'import xdist' 2>/
 
 RUN_FLAGS = $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-.PHONY: help setup own-python check check-mine test test-torch test-nodes clean clean-progress
+.PHONY: help setup own-python check check-mine test test-torch test-nodes mutants clean clean-progress
 .DEFAULT_GOAL := help
 
 help:  ## list the targets
@@ -122,6 +122,12 @@ test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs) but runs loa
 
 test-torch: $(SETUP)  ## the runs that load torch on every rank (--api torch, lesson 08): CI runs them too
 	$(PY) -m pytest -q $(XDIST) -m torch
+
+mutants: $(SETUP)  ## mutants of a lesson's exercises, graded: make mutants LESSON=05 SAMPLE=25
+	@test -n "$(LESSON)" || { echo "mutants: name the lesson: make mutants LESSON=05" >&2; exit 2; }
+	mkdir -p results
+	timeout 3600 $(PY) tests/mutants.py $(LESSON) $(if $(NP),--np $(NP)) $(if $(SAMPLE),--sample $(SAMPLE)) \
+	  --json results/mutants-$(LESSON).json
 
 test-nodes: $(SETUP)  ## every lesson on two nodes of 2 ranks (network namespaces, a private bridge; root)
 	$(PY) -m pytest -q -p no:xdist -m twonode
