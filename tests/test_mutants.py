@@ -94,6 +94,7 @@ def test_an_unknown_lesson_is_one_line_and_exit_2(capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_two_of_lesson_03s_mutants_graded_for_real(tmp_path):
     path = os.path.join(ROOT, "lessons", "03_broadcast_scatter.py")
     with open(path) as f:
