@@ -230,8 +230,6 @@ def cost(ctx, calls, rec, zeros, sync):
     recording alone: the slowest rank's, the best of timing.BATCHES interleaved batches, and how far
     the batches wandered. On a recorder of its own: a timed loop turns the rank's recorder off."""
     one = zeros(1, "float32")
-    with tempfile.TemporaryDirectory() as tmp:  # on file through mmap, as the rank's own is
-        mine = flight.Recorder(ctx.rank, os.path.join(tmp, "cost.flight"), rec.gpu, rec.check)
 
     def recorded():
         with mine.call("all_reduce", one):
@@ -242,8 +240,10 @@ def cost(ctx, calls, rec, zeros, sync):
             pass
     fns = {"bare": lambda: calls["all_reduce"](one), "recorded": recorded, "record": record}
     spread = {}
-    be = SimpleNamespace(sync=lambda: (sync(), mine.synced()))
-    return timing.best_of(ctx, be, fns, 5, COST_ITERS, spread), spread
+    with tempfile.TemporaryDirectory() as tmp:  # on file through mmap, as the rank's own is; kept while timed
+        mine = flight.Recorder(ctx.rank, os.path.join(tmp, "cost.flight"), rec.gpu, rec.check)
+        be = SimpleNamespace(sync=lambda: (sync(), mine.synced()))
+        return timing.best_of(ctx, be, fns, 5, COST_ITERS, spread), spread
 
 
 def recorder(ctx):
