@@ -66,6 +66,7 @@ def calibrate(ctx, be):
         # <<< exercise: calibrate
         rows.append(dict(size=size, ring_us=t["ring"] * 1e6, lib_us=t["lib"] * 1e6, alpha_us=a * 1e6,
                          beta_us=b * 1e6, gamma_us=g * 1e6, ring_pred_us=pred * 1e6,
+                         alpha_all_us=model["alpha_all"] * 1e6, beta_ring_us=model["beta_ring"] * 1e6,
                          ring_pred_all_us=pred_all * 1e6))
     return model, rows
 
