@@ -139,7 +139,8 @@ def compared(ctx, count, ring, lib, seen):
     return {"rank": ctx.rank, "count": count, "steps": seen["calls"], "bytes_sent": seen["bytes"],
             "total_sent": ctx.comm.allreduce(seen["bytes"]),  # every rank's, added
             "dest_lo": min(seen["peers"], default=-1), "dest_hi": max(seen["peers"], default=-1),
-            "mismatches": int((diff > 0).sum()), "max_rel_err": rel}
+            "mismatches": int((diff > 0).sum()), "max_rel_err": rel,
+            "step_sum": sum(step for _, step, _, _ in ring_schedule(ctx.rank, ctx.world_size))}  # 0..2N-3
 
 
 def race(ctx, dtype, be, pick, sweep):
