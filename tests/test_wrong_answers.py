@@ -257,3 +257,75 @@ def test_a_mistake_must_fail_every_check_it_names():
         judge({"mistake": "m", "fails": ["a", "b"]}, _Ran(1), checks, "")
     with pytest.raises(AssertionError, match=r"did not fail \['a'\]"):
         judge({"mistake": "m", "fails": "a"}, _Ran(1), None, "")  # a crash before the results fails nothing
+
+
+# The shape rule (issue 36): `bin/tutor check` grades every exercise where the usual confusions give
+# different answers. At NP 4 = 2 x 2, `rank // K` and `rank % K` agree, as do a node's count and its
+# size, and every power of two hides an off-by-one in a halving; so the check NPs hold one that is
+# neither a power of two nor a square, from 3 up. A lesson that places ranks in groups grades both block
+# and round-robin placement, with more groups than ranks in a group in one and fewer in the other; a
+# lesson that plants faults on a rank grades them on rank 0 and on the last rank. The rules read the
+# YAML and the lesson's sources, so a new lesson meets them from its first commit.
+SHAPE_EXEMPT = {
+    "06_gil_timings": "its exercises time threads and processes inside one rank; the second rank only waits "
+                      "in Recv, so no rank arithmetic is graded",
+    "16_scale_on_paper": "priced on paper: its shapes are the clusters of its figures (8 GPUs a node, 1-128 "
+                         "nodes, 1-8 NICs) and the dry run's 1024 GPUs, not the ranks that run it",
+}
+LESSONS = catalog.lessons(os.path.join(ROOT, "lessons"))
+
+
+def _lesson_text(lesson):
+    from common.runner import schema
+    text = ""
+    for path in schema.lesson_sources(lesson.path):
+        with open(path, encoding="utf-8") as f:
+            text += f.read()
+    return text
+
+
+def _telling(n):
+    """An NP where the usual confusions differ: at least 3, not a power of two, not a square."""
+    return n >= 3 and n & (n - 1) != 0 and int(n ** 0.5) ** 2 != n
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda les: les.id)
+def test_every_lesson_is_graded_at_an_np_where_mistakes_differ(lesson):
+    lesson = catalog.resolve(lesson.id, os.path.join(ROOT, "lessons"))
+    nps = lesson.meta["np"]["check"]
+    if lesson.name in SHAPE_EXEMPT:
+        assert not any(_telling(n) for n in nps), f"{lesson.name} is graded at a telling NP: drop its exemption"
+        return
+    assert any(_telling(n) for n in nps), \
+        f"{lesson.name} is checked at NP {nps} only: add one of 3, 5, 6, 7 (not a power of two, not a square)"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda les: les.id)
+def test_placed_groups_are_graded_block_and_round_robin(lesson):
+    lesson = catalog.resolve(lesson.id, os.path.join(ROOT, "lessons"))
+    if "round-robin" not in _lesson_text(lesson):
+        return
+    args = lesson.meta.get("args", [])
+    assert "--groups" in args, f"{lesson.name} places ranks in groups but its check names no --groups"
+    shapes = {}
+    for entry in args[args.index("--groups") + 1].split(","):
+        size, placement = entry.split(":")
+        m, k = map(int, size.split("x"))
+        assert m * k in lesson.meta["np"]["check"], f"--groups {entry}: NP {m * k} is not a check NP"
+        shapes.setdefault(placement, []).append((m, k))
+    assert set(shapes) >= {"block", "round-robin"}, f"{lesson.name} grades only {sorted(shapes)} placement"
+    every = [s for got in shapes.values() for s in got]
+    assert any(m > k for m, k in every) and any(k > m for m, k in every), \
+        f"{lesson.name}: groups {every} need one shape with more groups than ranks a group, one with fewer"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda les: les.id)
+def test_planted_faults_are_graded_on_rank_0_and_the_last_rank(lesson):
+    lesson = catalog.resolve(lesson.id, os.path.join(ROOT, "lessons"))
+    if "--fault-rank" not in _lesson_text(lesson):
+        return
+    names = " / ".join(c["name"] for c in lesson.meta["expect"])
+    assert "rank 0" in names and "last rank" in names, \
+        f"{lesson.name} plants faults on a rank but no check grades them on rank 0 and on the last rank"
+    nps = lesson.meta["np"]["check"]
+    assert 2 in nps, f"{lesson.name}: NP 2 (no majority: a tie) must be a check NP"
