@@ -15,12 +15,12 @@ What to watch for:
      rank 0's record of it, and what recording costs a call, against this run's noise.
   2. `--fault NAME --fault-rank R` plants one fault on rank R in step 2 (see --help). Once every
      rank has waited STUCK_S seconds, nothing moving, the runner ends the run and reads every rank's
-     record: it names the rank, the call (#k) and the field that differ. A straggler is slow, not
-     stuck: its run passes, and the records' arrival times name it.
+     record: it names the rank, the call (#k) and the field that differ (at NP 2, no majority: the
+     program's own order breaks the tie). A straggler is slow, not stuck: the arrival times name it.
   3. `--debug-collectives` (every lesson has it): the ranks compare each collective's fingerprint
      before the call and stop at the first mismatch, in under 2 s, instead of hanging.
-  4. your reading (`bin/tutor practice 14`): first_divergence reads records as the runner does;
-     each fault is planted on paper (lessons/hung_job/reading.py) on rank 0, a middle and the last.
+  4. your reading (`bin/tutor practice 14`): first_divergence, graded on faults planted on paper
+     (lessons/hung_job/reading.py) on both of 2 ranks, and on rank 0, a middle and the last of NP.
 A fault's behaviour is the library's: it may hang, fail (MPI_ERR_TRUNCATE), return garbage (every
 sum is checked: that stops it too) or finish with the right values by luck (MPICH's broadcast did,
 --fault root --fault-rank 3 at NP 4); the record says why in every case.
@@ -57,24 +57,33 @@ def first_divergence(records):
     """Your reading of a hang. `records` is {rank: [Call(seq, op, dtype, count, root, comm, site), ...]},
     each rank's world collectives in order (#seq, as the recorder numbers them; site: file:line; a Call
     is a namedtuple: call.seq, call.site, ..., lessons/hung_job/reading.py).
-    Return (rank, seq, field) for the first #seq where the ranks disagree: the one rank whose call
-    there differs from the others' (or that has none), and what differs: "skip" when its call at #seq
-    comes from a line the others called from at another # (it skipped ahead; a hang's records end at
-    the call each rank waits in, so the others made that line's call earlier), else the first of
-    FIELDS that differs. None when every rank made the same calls."""
+    Return (rank, seq, field) for the first #seq where the ranks disagree: the rank whose call there is
+    not the usual one (or that has none; the lowest, if several), and what differs. The usual call is
+    the one most ranks made; at a tie (two ranks: no majority) it is the one the program made before,
+    the same call right after the same line, earlier in the records. field: "skip" when the rank's call
+    at #seq comes from a line the others called from at another # (it skipped ahead; a hang's records
+    end at the call each rank waits in, so the others made that line's call earlier), else the first
+    of FIELDS that differs. None when every rank made the same calls."""
     # >>> exercise: divergence
     at = {rank: {call.seq: call for call in calls} for rank, calls in records.items()}
     for seq in sorted({call.seq for calls in records.values() for call in calls}):
         here = {rank: calls.get(seq) for rank, calls in at.items()}
-        usual, votes = Counter(here.values()).most_common(1)[0]
-        if votes == len(here):
+        votes = Counter(here.values())
+        if len(votes) == 1:
             continue  # every rank made this call alike
-        odd = min(rank for rank, call in here.items() if call != usual)
+        # (the line before, the call but its #) for every call made before #seq: the program's own order
+        before = {(a.site, b._replace(seq=0)) for calls in records.values() for a, b in zip(calls, calls[1:])
+                  if b.seq < seq}
+
+        def usual(rank):  # how many ranks made this call, then: did the program make it so before?
+            mine, last = here[rank], at[rank].get(seq - 1)
+            return votes[mine], mine is not None and last is not None and (last.site, mine._replace(seq=0)) in before
+        odd, ref = min(here, key=usual), here[max(here, key=usual)]
         mine = here[odd]
         elsewhere = {c.site for rank, calls in records.items() if rank != odd for c in calls if c.seq != seq}
-        if mine is None or (mine.site != usual.site and mine.site in elsewhere):
+        if mine is None or (mine.site != ref.site and mine.site in elsewhere):
             return odd, seq, "skip"
-        return odd, seq, next((f for f in FIELDS if getattr(mine, f) != getattr(usual, f)), "site")
+        return odd, seq, next((f for f in FIELDS if getattr(mine, f) != getattr(ref, f)), "site")
     return None
     # <<< exercise: divergence
 
@@ -260,8 +269,7 @@ def recorder(ctx):
 def your_reading(ctx, entries):
     """Your first_divergence on this run's records, with each fault planted in them on paper."""
     report.section(ctx, "your reading: first_divergence on these records, each fault planted on paper")
-    world = max(ctx.world_size, 3)  # three ranks at least: the odd one out needs two that agree
-    clean, cases = reading.grade(first_divergence, entries, world, planted_seq)
+    clean, cases = reading.grade(first_divergence, entries, ctx.world_size, planted_seq)
     if ctx.rank == 0:
         show.reading(clean, cases)
     return clean, cases
@@ -303,8 +311,10 @@ def main():
     ctx.params = {"fault": args.fault, "fault_rank": R, "fault_peer": partner(R, n),
                   "fault_seq": planted_seq(args.fault), "fault_field": FIELD.get(args.fault, "none"),
                   "count": COUNT, "steps": STEPS}
-    if rank == 0 and args.fault in FIELD:  # tell the runner: end it once stuck, then grade the diagnosis
-        flight.plant(n, STUCK_S, ctx.params)
+    if args.fault in FIELD:  # tell the runner: end it once stuck, grade the diagnosis, sum up the errors
+        show.errors_aside(rank)
+        if rank == 0:
+            flight.plant(n, STUCK_S, ctx.params)
     report.section(ctx, f"a training job, {STEPS} steps, fault: {args.fault}"
                         + (f" on rank {R} in step {FAULT_STEP}" if args.fault != "none" else ""))
     t0 = timing.now(sync)

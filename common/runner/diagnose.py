@@ -5,9 +5,12 @@
                                                 #  "lines"} or None where nothing diverged
 Collectives are compared per communicator, call by call (#k = a rank's k-th collective on it): the
 first k where the ranks' op, dtype, count or root differ, or where some rank never arrived, is named,
-field by field. A rank whose #k was made at a line the others used for an earlier call skipped the
-others' #k. Point-to-point waits that close a cycle are named as a deadlock. A rank outside any call,
-or whose record still moved, is slow, not stuck.
+field by field. The call most ranks made at #k is the usual one; at a tie (two ranks, or two groups
+alike) the usual one is the call the program made before: the same call after the same line, earlier
+in the records. Where nothing breaks the tie the diagnosis says what each rank did and that it cannot
+tell which is at fault. A rank whose #k was made at a line the others used for an earlier call skipped
+the others' #k. Point-to-point waits that close a cycle are named as a deadlock. A rank outside any
+call, or whose record still moved, is slow, not stuck.
 """
 import collections
 import re
@@ -84,9 +87,45 @@ def divergence(snap, np, moving):
     return None
 
 
+def _fields(e):
+    return tuple(e[f] for f in FIELDS)
+
+
+def _usual(comm, k, here, prints, snap):
+    """The fields most ranks made #k with; at a tie, the one the program made before (the same call
+    from the same line, right after the same line as now, earlier in the records); None if no one is."""
+    most = max(prints.values())
+    top = [p for p, n in prints.items() if n == most]
+    if len(top) == 1:
+        return top[0]
+    mine = {r: [e for e in snap[r][1] if e["kind"] == "coll" and e["comm"] == comm] for r in snap}
+    before = {(a["site"], b["site"], _fields(b)) for es in mine.values() for a, b in zip(es, es[1:])
+              if b["seq"] < k and b["seq"] == a["seq"] + 1}
+    prev = {r: next((e for e in mine[r] if e["seq"] == k - 1), None) for r in here}
+    made = [p for p in top if all(prev[r] and (prev[r]["site"], e["site"], p) in before
+                                  for r, e in here.items() if _fields(e) == p)]
+    return made[0] if len(made) == 1 else None
+
+
+def _untold(comm, k, here, absent, snap, moving):
+    """A tie nothing in the records breaks: what each rank did, and that it cannot tell."""
+    lines = [f"the ranks differ at {comm}'s #{k}, and the records cannot tell which is at fault (no",
+             "    majority, and no one's call is one the program made there before); each rank:"]
+    groups = collections.defaultdict(list)
+    for r, e in here.items():
+        groups[(call(e), e["site"])].append(r)
+    lines += [f"  {_ranks(rs)}: {what} at {site}" for (what, site), rs in sorted(groups.items(), key=lambda g: g[1])]
+    lines += [f"  rank {r}: never called #{k}: it {where(snap[r][1], moving, r)}" for r in absent]
+    e = next(iter(here.values()))
+    return {"seq": k, "comm": comm, "call": call(e), "ranks": sorted([*here, *absent]), "state": e["state"],
+            "rank": None, "field": "unknown", "lines": [p for line in lines for p in line.split("\n")]}
+
+
 def _name(comm, k, here, absent, prints, snap, moving):
-    common, _ = prints.most_common(1)[0]
-    good = sorted(r for r, e in here.items() if tuple(e[f] for f in FIELDS) == common)
+    common = _usual(comm, k, here, prints, snap)
+    if common is None:
+        return _untold(comm, k, here, absent, snap, moving)
+    good = sorted(r for r, e in here.items() if _fields(e) == common)
     odd = sorted(r for r in here if r not in good)
     ref = here[good[0]]
     verb = {"started": "wait in" if len(good) > 1 else "waits in", "completed": "made",
@@ -97,8 +136,8 @@ def _name(comm, k, here, absent, prints, snap, moving):
     for r in odd:
         e, diff = here[r], [f for f in FIELDS if here[r][f] != ref[f]]
         if e["site"] != ref["site"] and e["site"] in earlier:
-            lines.append(f"rank {r} skipped #{k} (at {ref['site']}): its #{k} is {call(e)}\n"
-                         f"    at {e['site']}, where the others made #{earlier[e['site']]}: a later call")
+            lines.append(f"rank {r} skipped #{k} (the call at {ref['site']}) and went on to a later one:\n"
+                         f"    {call(e)} at {e['site']}, the line the others' #{earlier[e['site']]} came from")
             found.setdefault("field", "skip")
         else:
             lines.append(f"rank {r}'s #{k} differs: " + ", ".join(f"{f} {e[f]} vs {ref[f]}" for f in diff))

@@ -9,6 +9,7 @@ with no record moving, and grades common/runner/diagnose.py's diagnosis against 
 import json
 import os
 import re
+import stat
 import types
 
 from common import flight
@@ -105,27 +106,115 @@ def last_path():
     return os.path.join(os.path.dirname(progress_path()), "last-why.json")
 
 
+def errors_path():
+    """Where the error output a planted fault's run held back is kept (beside last-why.json)."""
+    return os.path.join(os.path.dirname(last_path()), "last-errors.txt")
+
+
+def _sentence(error, limit=200):
+    """An error to its first sentence: gloo's [/its/source.cc:537] and its advice say little."""
+    error = " ".join(re.sub(r"\[/[^\]]*\]\s*", "", error).split())
+    sentence = re.match(r"(.{40,}?[.!?])\s", error)
+    error = sentence[1] + " …" if sentence else error
+    return error if len(error) <= limit else error[:limit - 1] + "…"
+
+
+def ending(outcome):
+    """How a planted fault's run ended, after the diagnosis: each rank's error to its first sentence
+    (ranks that said the same, once), and how many lines of error output the run held back (MPI's
+    error stack, tracebacks, the launcher's report), kept in errors_path(); [] when there is neither."""
+    from common.runner.terminal import by_message, path_shown, ranks_of
+    held = getattr(outcome, "held", None) or {}
+    count = sum(len(text.splitlines()) if isinstance(text, str) else len(text) for text in held.values())
+    said = [f"{ranks_of(ranks)}: {error}" for ranks, error in
+            by_message({r: _sentence(e) for r, e in outcome.errors.items()})]
+    if not said and outcome.rc and not outcome.timed_out:
+        said = [f"status {outcome.rc}"]
+    kept = [f"({count} lines of error output kept: {path_shown(errors_path())})"] if count else []
+    if len(said) == 1:
+        return [f"how it ended: {said[0]}" + (f" {kept[0]}" if kept else "")]
+    return (["how it ended:"] + [f"  {line}" for line in said + kept]) if said else \
+        [f"{count} lines of error output kept: {path_shown(errors_path())}"] if count else []
+
+
+def planted_lines(lesson, outcome, checks, short):
+    """Why a planted fault's run (lesson 14) ended as it did: the checks that failed, what the records
+    say, then how the run ended in one line (its raw error output is kept, not shown)."""
+    said = [f"check failed: {c['name']}: got {short(c['got'])}, want {short(c['want'])}"
+            for c in checks or [] if not c["ok"]]
+    said += lines(outcome) or ["why: the ranks' flight records show no divergence"]
+    if outcome.timed_out:
+        said.append(opening(lesson, outcome).split(" Where each")[0])
+    return said + ending(outcome)
+
+
+_KEPT = []  # the verdicts this process remembered: a check's failed run stays what `why` shows
+
+
 def remember(head, verdict, outcome):
-    """Keep the last run's diagnosis for `bin/tutor why` (nothing is lost if it cannot be written)."""
+    """Keep the last run's diagnosis for `bin/tutor why`, and the error output it held back (nothing is
+    lost if they cannot be written). Of a command's several runs (a check), the last that did not pass."""
     from common.report import atomic_write
+    if verdict == "pass" and any(v != "pass" for v in _KEPT):
+        return
+    _KEPT.append(verdict)
+    held = getattr(outcome, "held", None) or {}
     try:
         os.makedirs(os.path.dirname(last_path()), exist_ok=True)
         atomic_write(last_path(), json.dumps({"run": head, "status": verdict,
                                               "diagnosis": outcome.diagnosis}) + "\n")
+        if held:
+            atomic_write(errors_path(), "".join(f"== {who} ({head})\n" + (text if isinstance(text, str) else
+                                                                          "\n".join(text) + "\n")
+                                                for who, text in held.items()))
+        elif os.path.lexists(errors_path()):
+            os.unlink(errors_path())
     except OSError:
         pass
 
 
-def recall():
-    """The lines `bin/tutor why` prints, and its exit status (1 when there is nothing to show)."""
+def _read_last():
+    """last-why.json's object; None when there is none; a ValueError saying why it cannot be read (not a
+    plain file, too large, not JSON). Opened without blocking: a FIFO there must not hang `why`."""
     try:
-        with open(last_path()) as f:
-            last = json.load(f)
-    except (OSError, ValueError):
-        last = None
-    if not (isinstance(last, dict) and {"run", "status"} <= set(last)):  # none yet, or not ours
+        fd = os.open(last_path(), os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(exc.strerror) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a plain file")
+        if st.st_size > 1 << 20:
+            raise ValueError(f"{st.st_size} bytes, more than a record holds")
+        data = os.read(fd, 1 << 20)
+    except OSError as exc:
+        raise ValueError(exc.strerror) from None
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(data.decode())
+    except ValueError as exc:
+        raise ValueError(f"not the JSON the tutor writes ({type(exc).__name__})") from None
+
+
+def recall():
+    """The lines `bin/tutor why` prints, and its exit status (1 when there is nothing to show, or the
+    record cannot be read: one line says so)."""
+    from common.runner.terminal import path_shown
+    try:
+        last = _read_last()
+    except ValueError as exc:
+        return [f"tutor: the last run's record cannot be read ({exc}); remove {path_shown(last_path())}"], 1
+    if last is None:
         return ["no run recorded yet: `bin/tutor run ID` first"], 1
-    if not isinstance(last.get("diagnosis"), dict) or not last["diagnosis"].get("lines"):
+    d = last.get("diagnosis") if isinstance(last, dict) else None
+    if not (isinstance(last, dict) and isinstance(last.get("run"), str) and isinstance(last.get("status"), str)
+            and (d is None or isinstance(d, dict) and isinstance(d.get("lines", []), list)
+                 and all(isinstance(line, str) for line in d.get("lines", [])))):
+        return [f"tutor: the last run's record is not one the tutor wrote; remove {path_shown(last_path())}"], 1
+    if not d or not d.get("lines"):
         return [f"the last run ({last['run']}: {last['status']}) left nothing to diagnose"], 1
-    return [f"the last run: {last['run']}: {last['status']}"] + lines(
-        types.SimpleNamespace(diagnosis=last["diagnosis"])), 0
+    kept = [f"(its error output is kept in {path_shown(errors_path())})"] if os.path.isfile(errors_path()) else []
+    return [f"the last run: {last['run']}: {last['status']}"] + lines(types.SimpleNamespace(diagnosis=d)) + kept, 0

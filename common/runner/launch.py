@@ -68,6 +68,7 @@ class Outcome:
     diagnosis: dict = None                       # the first divergence of the ranks' flight records
     planted: dict = None                         # the fault a lesson planted on purpose (lesson 14)
     stuck: float = None                          # ended early: seconds every rank waited, nothing moving
+    held: dict = field(default_factory=dict)     # a planted fault's run: error output not shown, by writer
 
 
 def run(cmd, timeout, echo=True, env=None, tick=None):
@@ -108,7 +109,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     except OSError as exc:
         raise LaunchError(f"cannot start {cmd[0]}: {exc.strerror}") from None
     stop.watch(proc.pid)  # Ctrl-Z stops the run with the runner (lifetime.Stop)
-    reader = threading.Thread(target=_pump, args=(proc.stdout, out, echo), daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc.stdout, out, echo, run_dir), daemon=True)
     reader.start()
     try:
         while True:
@@ -144,6 +145,7 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     out.seconds = time.monotonic() - start
     out.errors = read_errors(run_dir)
     out.pids = rank_pids(run_dir)
+    out.held = {**held_stderr(run_dir), **out.held}
     watch.finish(out, len(out.pids))
     out.ran = {name[4:] for name in os.listdir(run_dir) if name.startswith("ran-")}
     if os.path.exists(os.path.join(run_dir, world.MARK)):  # a process found itself in the wrong world
@@ -163,8 +165,30 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     return out
 
 
-def _pump(stream, out, echo):
+# A launcher's report of a rank that died opens with a rule of '=' (hydra) or '-' (Open MPI)
+_BANNER = re.compile(r"^\s*(={20,}|-{20,})\s*$")
+
+
+def held_stderr(run_dir):
+    """{"rank R": text} of what a planted fault's ranks wrote to stderr (rankR.stderr, lesson 14 puts
+    it there): the library's error stack, tracebacks, said in one line under the diagnosis instead."""
+    held = {}
+    for name in sorted(os.listdir(run_dir), key=lambda n: (len(n), n)):
+        m = re.fullmatch(r"rank(\d+)\.stderr", name)
+        if m:
+            try:
+                with open(os.path.join(run_dir, name), "rb") as f:
+                    text = f.read(1 << 20).decode(errors="replace").replace("\x00", "")
+            except OSError:
+                continue
+            if text.strip():
+                held[f"rank {m[1]}"] = text
+    return held
+
+
+def _pump(stream, out, echo, run_dir=None):
     codes = False  # within hydra's 'Exit codes:' report, which gives each further host a line
+    banner = []  # a planted fault's run: the launcher's report from its first rule on, held back
     for raw in iter(stream.readline, b""):
         # Open MPI's launcher writes stray NUL bytes (one ends its crash report): nothing a person reads,
         # and one left at the end of the output would lead the runner's own next line
@@ -181,11 +205,16 @@ def _pump(stream, out, echo):
             out.statuses = None  # several hosts: listed by host, which the runner cannot map to ranks
             continue
         codes = False
+        out.tail.append(line.rstrip("\n"))
+        del out.tail[:-200]
+        if not banner and run_dir and _BANNER.match(line) and os.path.exists(os.path.join(run_dir, "planted.json")):
+            out.held["mpiexec"] = banner
+        if out.held.get("mpiexec") is banner:  # said in one line under the diagnosis (flightwatch.ending)
+            banner.append(line.rstrip("\n"))
+            continue
         if echo:
             try:
                 sys.stdout.write(line)
                 sys.stdout.flush()
             except (OSError, ValueError):  # the terminal is gone (SIGHUP): keep reading, stop showing
                 echo = False
-        out.tail.append(line.rstrip("\n"))
-        del out.tail[:-200]

@@ -3,8 +3,9 @@ first_divergence graded on them.
 
     Call(seq, op, dtype, count, root, comm, site)   one world collective as the recorder kept it
     calls(entries)                                  a rank's recorded entries as its world Calls, in order
-    planted(template, world, R, fault, k)           every rank made `template`'s calls; R has the fault at #k
-    grade(first_divergence, entries, world, planted_seq)   the clean run and each fault, read by yours
+    planted(template, world, R, fault, k, also)     every rank made `template`'s calls; R (and the ranks
+                                                    `also`) have the fault at #k
+    grade(first_divergence, entries, np, planted_seq)   the clean run and each fault, read by yours
 
 A plant changes what the real fault changes (compare a real run's rankR.flight files):
   skip            R's #k is its next call (from that call's line): the numbers after it shift by one
@@ -12,8 +13,10 @@ A plant changes what the real fault changes (compare a real run's rankR.flight f
   root            the same line, another root
 A hang ends every rank's record at #k, the call each rank waits in (skip, op, count, dtype hung or
 failed there on both APIs); the root fault's records go on to the end, as when MPICH's broadcast
-finished with the right values by luck. Each fault is planted on rank 0, a middle rank and the last
-rank, so "the first rank that differs from rank 0" is graded too.
+finished with the right values by luck. Each fault is planted on each of 2 ranks (no majority: the
+program's order breaks the tie), on ranks 1 and 3 of 4 (two leave the majority alike; the lower is
+the answer) and on rank 0, a middle rank and the last of np, so "the first rank that differs from
+rank 0" is graded too.
 The answer key is the fault planted (its rank, #k and field), not a second reading of the records.
 """
 from collections import namedtuple
@@ -36,9 +39,10 @@ def fresh_site(template, site):
     return next(f"{path}:{n}" for n in range(int(line) - 1, -len(taken) - 2, -1) if f"{path}:{n}" not in taken)
 
 
-def planted(template, world, R, fault, k):
+def planted(template, world, R, fault, k, also=()):
     """{rank: [Call, ...]} for `world` ranks that made `template`'s calls (one rank's), with one fault
-    on rank R at #k as --fault plants it (module docstring): a hang's records end at #k."""
+    on rank R (and the same on the ranks `also`) at #k as --fault plants it (module docstring): a hang's
+    records end at #k."""
     mine = []
     for call in template:
         if fault == "skip" and call.seq >= k:
@@ -55,7 +59,7 @@ def planted(template, world, R, fault, k):
     others = list(template)
     if fault in HANGS:  # every rank waits in its #k: nothing after it was recorded
         mine, others = [c for c in mine if c.seq <= k], [c for c in others if c.seq <= k]
-    return {rank: (mine if rank == R else list(others)) for rank in range(world)}
+    return {rank: (list(mine) if rank == R or rank in also else list(others)) for rank in range(world)}
 
 
 def fault_ranks(world):
@@ -63,17 +67,20 @@ def fault_ranks(world):
     return sorted({0, world // 2, world - 1})
 
 
-def grade(first_divergence, entries, world, planted_seq):
-    """Your first_divergence on the clean run's records and on each fault planted in them, on each of
-    fault_ranks(world): ('none' or what yours said of the clean run, [{fault, planted_on, want_*, rank,
-    seq, field}, ...], rank 0's cases first, the last rank's last)."""
+def grade(first_divergence, entries, np, planted_seq):
+    """Your first_divergence on the clean run's records and on each fault planted in them: on each of
+    2 ranks, on ranks 1 and 3 of 4 at once, on each of fault_ranks(np). ('none' or what yours said of
+    a clean run, [{fault, world, planted_on, also, want_*, rank, seq, field}, ...]): rank 0's cases
+    first, the last rank's of np last."""
     template = calls(entries)
-    clean = first_divergence({rank: list(template) for rank in range(world)})
+    plants = [(2, R, ()) for R in (0, 1)] + [(4, 1, (3,))] + [(np, R, ()) for R in fault_ranks(np)]
+    cleans = [first_divergence({rank: list(template) for rank in range(world)}) for world in sorted({2, 4, np})]
     cases = []
-    for R in fault_ranks(world):
+    for world, R, also in plants:
         for fault in ON_PAPER:
             k = planted_seq(fault)
-            got = first_divergence(planted(template, world, R, fault, k)) or (None, None, None)
-            cases.append({"fault": fault, "planted_on": R, "want_rank": R, "want_seq": k, "want_field": fault,
-                          "rank": got[0], "seq": got[1], "field": got[2]})
+            got = first_divergence(planted(template, world, R, fault, k, also)) or (None, None, None)
+            cases.append({"fault": fault, "world": world, "planted_on": R, "also": list(also), "want_rank": R,
+                          "want_seq": k, "want_field": fault, "rank": got[0], "seq": got[1], "field": got[2]})
+    clean = next((said for said in cleans if said is not None), None)
     return ("none" if clean is None else list(clean)), cases

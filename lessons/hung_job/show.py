@@ -1,5 +1,22 @@
-"""What lesson 14 prints on rank 0: the record's last calls, the straggler, your reading, the cost."""
+"""What lesson 14 prints on rank 0: the record's last calls, the straggler, your reading, the cost; and
+where every rank's error output goes while a planted fault runs."""
+import os
+import sys
+
 from common import report
+
+
+def errors_aside(rank):
+    """A planted fault's run under the runner: this rank's stderr (MPI's error stack, a traceback, gloo's
+    abort) goes to rankR.stderr in the run folder; the runner says it in one line under its diagnosis,
+    and keeps it. Run by hand (no run folder) every line shows as it comes."""
+    folder = os.environ.get("TUTOR_RUN_DIR")
+    if not folder or not os.path.isdir(folder):
+        return
+    fd = os.open(os.path.join(folder, f"rank{rank}.stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stderr.flush()
+    os.dup2(fd, 2)  # the library writes to descriptor 2, Python's sys.stderr too
+    os.close(fd)
 
 
 def record(entries, last=6, lucky=False):
@@ -21,13 +38,18 @@ def straggler(slow):
 
 
 def reading(clean, cases):
+    """One row a fault, one column a plant (the ranks it went on, of how many): ok, or what yours said
+    (rank, #k, field; of two ranks alike, the lower is the answer)."""
     print(f"the clean run: {'nothing to report' if clean == 'none' else clean}")
-    print(report.table(["fault", "planted (rank, #k, field)", "yours", ""],
-                       [(c["fault"], f"{c['want_rank']}, #{c['want_seq']}, {c['want_field']}",
-                         f"{c['rank']}, #{c['seq']}, {c['field']}",
-                         "ok" if (c["rank"], c["seq"], c["field"]) ==
-                         (c["want_rank"], c["want_seq"], c["want_field"]) else "WRONG")
-                        for c in cases]))
+    plants = list(dict.fromkeys((c["world"], c["planted_on"], *c["also"]) for c in cases))
+    faults = list(dict.fromkeys(c["fault"] for c in cases))
+    said = {(c["fault"], c["world"], c["planted_on"], *c["also"]): "ok" if (c["rank"], c["seq"], c["field"]) ==
+            (c["want_rank"], c["want_seq"], c["want_field"]) else f"{c['rank']}, #{c['seq']}, {c['field']}"
+            for c in cases}
+    want = {c["fault"]: f"#{c['want_seq']}, {c['want_field']}" for c in cases}
+    print(report.table(["fault", "want", *(f"on {'+'.join(map(str, on))} of {n}" for n, *on in plants)],
+                       [(f, want[f], *(said[(f, *p)] for p in plants)) for f in faults]))
+    print("(a cell: ok, or what yours named instead: rank, #k, field)")
 
 
 def cost_verdict(secs, noise):
