@@ -13,6 +13,9 @@ import sys
 import tempfile
 
 from common import guard
+from common.text import plain_marks
+
+plain_marks(sys.stdout, sys.stderr)  # a rank whose terminal cannot print a mark writes a look-alike
 
 
 def section(ctx, title):

@@ -76,10 +76,35 @@ NESTED = {"np": 2, "params": {"count": 99, "itemsize": 4},
 
 def test_nested_items_bind_their_fields_and_inner_items_win():
     picked = select(NESTED, "ranks[*].runs[*].sent")
-    assert [label for label, _, _ in picked][:4] == ["rank 0 [0]", "rank 0 [1]", "rank 0 [2]", "rank 1 [0]"]
+    assert [label for label, _, _ in picked][:4] == ["rank 0 count 0", "rank 0 count 5", "rank 0 count 7",
+                                                     "rank 1 count 0"]  # `count` tells the runs apart
     assert [b["count"] for _, _, b in picked] == [0, 5, 7, 0, 5, 7]  # the run's count, not params' 99
     good = run_checks([{"name": "c", "value": "ranks[*].runs[*].sent", "equals": "itemsize*count + rank"}],
                       NESTED)[0]
     assert good["ok"], good
     bad = run_checks([{"name": "c", "value": "ranks[*].runs[*].sent", "equals": "itemsize*count"}], NESTED)[0]
-    assert not bad["ok"] and bad["got"] == ["rank 1 [0]: 1", "rank 1 [1]: 21", "rank 1 [2]: 29"]
+    assert not bad["ok"] and bad["got"] == ["rank 1 count 0: 1, want 0", "rank 1 count 5: 21, want 20",
+                                            "rank 1 count 7: 29, want 28"]  # each item's own want beside it
+    assert bad["of"] == "2 ranks x 3 counts" and bad["rule"] == "== itemsize*count"
+
+
+def test_items_no_field_tells_apart_are_named_by_their_list_and_index():
+    doc = {"np": 1, "summary": {"step": [{"kind": "a", "t": 1}, {"kind": "a", "t": 2}]}}
+    dims = []
+    assert [label for label, _, _ in select(doc, "summary.step[*].t", dims)] == ["step[0]", "step[1]"]
+    assert dims == [("steps", 2)]
+    plain = {"np": 1, "summary": {"sizes": [3, 4]}}
+    assert [label for label, _, _ in select(plain, "summary.sizes[*]")] == ["sizes[0]", "sizes[1]"]
+
+
+def test_a_sentinel_reads_as_its_word_and_one_want_for_all_is_not_repeated():
+    runs = [[{"count": c, "dest": -1 if r == 1 or not c else (r + 1) % 3} for c in (0, 7)] for r in range(3)]
+    doc = {"np": 3, "params": {}, "ranks": [{"rank": r, "runs": runs[r]} for r in range(3)]}
+    per_item = run_checks([{"name": "c", "value": "ranks[*].runs[*].dest", "equals": "(rank+1)%np if count > 0 else -1",
+                            "none": -1}], doc)[0]
+    assert per_item["got"] == ["rank 1 count 7: none, want 2"] and per_item["none"] == -1, per_item
+    assert per_item["want"] == "== [-1, 1, -1, 2, -1, 0]"  # the JSON keeps every wanted value
+    one = run_checks([{"name": "c", "value": "ranks[*].runs[*].dest", "ge": 0, "none": -1}], doc)[0]
+    assert one["got"][:2] == ["rank 0 count 0: none", "rank 1 count 0: none"] and "rule" not in one, one
+    bare = run_checks([{"name": "c", "value": "ranks[1].runs[0].dest", "ge": 0}], doc)[0]
+    assert bare["got"] == [-1] and "of" not in bare  # no label, no word: the value as it was

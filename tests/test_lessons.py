@@ -11,7 +11,9 @@
   * the real-GPU cases skip with a reason when there is no GPU.
 
 Runs go through the runner in this process (common/runner/engine.py, as `bin/tutor run` calls it), so
-each pays for mpiexec and its ranks, not for starting another runner."""
+each pays for mpiexec and its ranks, not for starting another runner. Each run's output, and the checks
+table `bin/tutor run` would print after it, are held to tests/readable.py: no line over 100 columns,
+no check name cut."""
 import os
 
 import pytest
@@ -21,6 +23,7 @@ from common.runner import catalog, engine
 from conftest import ROOT, TORCH_LESSONS, torch_marks, tutor
 
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
+from test_runner import assert_whole_names  # the checks table: every name whole, within 100 columns
 
 CASES, GPU_CASES, DOUBLE_CASES, BROKEN = [], [], [], []
 SMALL_NP = 3  # the double runs at the check NPs up to this one (the smallest, when none is); torch at
@@ -68,6 +71,7 @@ def run_case(lesson, meta, n, api, device, capfd):
         assert loaded <= allowed, f"an mpi4py CPU run of {lesson.name} imported {sorted(loaded - allowed)}"
     bad = unreadable(text, n)
     assert not bad, f"{where} printed output that is hard to read:\n" + "\n".join(bad[:10])
+    assert_whole_names(engine.checks_table(checks), checks)  # what `bin/tutor run` prints after the run
 
 
 @pytest.mark.parametrize("lesson, meta, n, api", CASES)

@@ -49,8 +49,9 @@ def test_wrong_value_fails_the_check(app, fixtures_env, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["status"] == "fail" and doc["ok"] is False
     assert [(c["name"], c["got"], c["want"], c["ok"]) for c in doc["checks"]] == [
-        ("each rank reports its rank squared", ["rank 1: 2"], "== [0, 1]", False)]
-    assert doc["why"] == ["check failed: each rank reports its rank squared: got rank 1: 2, want == [0, 1]"]
+        ("each rank reports its rank squared", ["rank 1: 2, want 1"], "== [0, 1]", False)]
+    assert doc["checks"][0]["rule"] == "== rank**2" and doc["checks"][0]["of"] == "2 ranks"
+    assert doc["why"] == ["check failed: each rank reports its rank squared: got rank 1: 2, want 1; wanted == rank**2"]
 
 
 def test_lesson_flag_makes_a_passing_lesson_fail(app, fixtures_env):
@@ -163,28 +164,48 @@ def test_the_same_failure_on_every_rank_is_said_once():
                                                    "rank 2 failed: ValueError: odd (lessons/x.py:3)"]
 
 
-def test_checks_table_counts_long_lists_and_fits():
-    checks = [{"name": "each rank holds the whole list of every rank's twenty chunk offsets, in order",
-               "got": [f"rank {r}: {r * 0.1}" for r in range(20)], "want": "== [" + ", ".join(map(str, range(20))) + "]",
-               "ok": False}, {"name": "short", "got": 1, "want": "== 1", "ok": True}]
-    text = engine.checks_table(checks)
-    assert_fits(text)
-    assert "== [0, 1, … (20 values)]" in text and "rank 0: 0.0, … (20 values)" in text, text
-    # lesson 10's shape: a long name beside two lists of 20 numbers, each cut with a '…' (3 bytes)
+def column(table, i):
+    """Column i of a table read back (the rule under its header gives the columns), its wrapped lines
+    joined with single spaces."""
+    lines = table.splitlines()
+    spans = [m.span() for m in re.finditer(r"-+", lines[1])]
+    return " ".join(" ".join(line[slice(*spans[i])] for line in lines[2:]).split())
+
+
+def assert_whole_names(table, checks):
+    """Every name whole, in order, however it was wrapped; no line over 100 columns."""
+    assert column(table, 0).replace(" ", "") == "".join(c["name"] for c in checks).replace(" ", ""), table
+    assert "…" not in table, table
+    assert_fits(table)
+
+
+def test_checks_table_keeps_names_whole_and_says_what_values_stand_for():
     sizes = [23, 39, 27, 18] * 5
-    long = [{"name": "each rank holds ceil(items / N) of every layer, its share of the flat parameters",
-             "got": sizes, "want": f"== {sizes}", "ok": True}]
-    text = engine.checks_table(long)
-    assert_fits(text)
-    assert max(len(line.encode()) for line in text.splitlines()) <= 100, text  # tools that count bytes
-    named = [{"name": "forward bytes: (1) s T ((F - f[r+1]) + (H - h[r+1])); (2) s H (2T - t[r] - t[r+1])",
-              "got": sizes, "want": f"== {sizes}", "ok": True}]
-    row = engine.checks_table(named).splitlines()[2]
-    assert row.startswith("forward bytes: (1) s T ((F - f[r+") and row.count("…") == 3, row  # no '[… …'
-    cut_twice = [{"name": "model: ring = 2(N-1)a + 2(N-1)/N nb, the two halves of the all-reduce",
-                  "got": [r / 3 for r in range(20)], "want": "== [1.5, 2.25, 3.125] (rtol 1e-12, atol 1e-15)", "ok": True}]
-    text = engine.checks_table(cut_twice)  # lesson 07's: its want cut twice, 4 '…' in one row
-    assert max(len(line.encode()) for line in text.splitlines()) <= 100, text
+    checks = [
+        {"name": "each rank holds the whole list of every rank's twenty chunk offsets, in order, in the "
+                 "lowest destination", "got": [f"rank {r}: {r * 0.1}" for r in range(20)],
+         "want": "== [" + ", ".join(map(str, range(20))) + "]", "ok": False},
+        {"name": "each rank holds the whole list of every rank's twenty chunk offsets, in order, in the "
+                 "highest destination", "got": sizes, "want": f"== {sizes}", "ok": True, "of": "4 ranks x 5 counts",
+         "rule": "== itemsize*2*(count-(count+np-1)//np)+2*count*itemsize"},
+        {"name": "short", "got": 1, "want": "== 1", "ok": True},
+        {"name": "bound", "got": [0.5, 0.25, 0.125], "want": "<= 0.75", "ok": True, "of": "3 sizes"},
+        {"name": "sentinel", "got": ["rank 1 count 7: none, want 2"], "want": "== [-1, 2]", "ok": False,
+         "rule": "== (rank+1)%np if count > 0 else -1", "none": -1},
+        {"name": "no one", "got": -1, "want": "== -1", "ok": True, "none": -1},
+        {"name": "forward bytes: (1) s T ((F - f[r+1]) + (H - h[r+1])); (2) s H (2T - t[r] - t[r+1])",
+         "got": [r / 3 for r in range(20)], "want": "== [1.5, 2.25, 3.125] (rtol 1e-12, atol 1e-15)", "ok": True,
+         "rule": "== " + "+".join(["alpha_us*np*size"] * 8) + " (rtol 1e-12, atol 1e-15)"}]
+    text = engine.checks_table(checks)
+    assert_whole_names(text, checks)
+    got, want = column(text, 1), column(text, 2)
+    assert "rank 0: 0.0; rank 1: 0.1;" in got and "13 more" in got, text  # a failure's items, how many more
+    assert "each of 4 ranks x 5 counts" in got and "max 0.5 of 3 sizes" in got, text
+    assert "rank 1 count 7: none, want 2" in got and "== none" in want, text  # the sentinel as its word
+    assert "== the YAML's formula (rtol 1e-12, atol 1e-15)" in want, text  # a formula too long to read here
+    assert "== (rank+1)%np if count > 0 else -1" in want, text  # a short one as it is
+    assert "==itemsize*2*(count-(count+np-1)//np)+2*count*itemsize" in want.replace(" ", ""), text  # split
+    # after its operators, never cut
 
 
 def test_list_and_hint_fit_a_terminal(app, tmp_path, monkeypatch):
@@ -193,9 +214,9 @@ def test_list_and_hint_fit_a_terminal(app, tmp_path, monkeypatch):
     listed = runner.invoke(app, ["list"])
     assert listed.exit_code == 0
     assert_fits(listed.output)
-    words = " ".join(listed.output.split())
-    for lesson in catalog.lessons():
-        assert " ".join(catalog.load_yaml(lesson.yaml_path)["title"].split()) in words
+    lines = listed.output.splitlines()
+    for lesson in catalog.lessons():  # one line each: its id and name, whole
+        assert sum(line.startswith(f"{lesson.id}  {lesson.name[3:]} ") for line in lines) == 1, lesson.name
     for _ in range(6):
         hinted = runner.invoke(app, ["hint", "04"])
     assert hinted.exit_code == 0 and hinted.output.count("hint ") >= 2
@@ -204,7 +225,7 @@ def test_list_and_hint_fit_a_terminal(app, tmp_path, monkeypatch):
 
 def test_list_and_hint(app, fixtures_env):
     result = runner.invoke(app, ["list"])
-    assert result.exit_code == 0 and "01" in result.output and "fixture that passes" in result.output
+    assert result.exit_code == 0 and any(line.startswith("01  pass ") for line in result.output.splitlines())
     assert "first hint" in runner.invoke(app, ["hint", "1"]).output
 
 
@@ -236,3 +257,33 @@ def test_check_tally_says_the_counts_and_the_exit_status():
         "0 passed, 1 failed, 1 blocked, 1 not run", 1)
     assert checking.tally(how, cases("pass", "not run"))[1] == 1
     assert checking.tally(checking.Plan(unwritten=["05: nothing written"]), cases("pass"))[1] == 1
+
+
+def test_the_still_running_line_tells_starting_and_working_from_stuck(tmp_path):
+    """`check`'s line on a quiet run reads the ranks' flight records: starting while a rank has made no
+    call, working while records move, and a deadlock question only once every rank has sat in a call
+    with nothing moving, naming the calls. A phase is said once, the question each time."""
+    from common import flight
+    said = []
+    wait = engine.Waiting("05 np=2 torch", 90, said.append, 2)
+    wait.watch(str(tmp_path))
+    wait(5.0)
+    assert "starting up (imports, joining the world): 0 of 2 ranks" in said[-1] and "deadlock" not in said[-1]
+    wait(10.0)  # still starting: not said again
+    assert said[-1].endswith("still running after 10 s of 90, as above"), said
+    recs = [flight.Recorder(r, str(tmp_path / f"rank{r}.flight")) for r in range(2)]
+    slots = [rec.begin("all_reduce", "coll") for rec in recs]
+    wait(20.0)  # the records just moved: both ranks are inside a call, but not for long
+    assert "working" in said[-1] and "deadlock" not in said[-1], said
+    wait(22.0)  # nothing moved since
+    wait(40.0)
+    assert "nothing moving for 20 s: ranks 0-1 wait in all_reduce #1" in said[-1], said
+    assert said[-1].endswith("(a deadlock? Ctrl-C ends it)"), said
+    recs[0].end(slots[0])  # rank 0 leaves its call: its record moved, so working again, no question
+    wait(80.0)
+    assert "working" in said[-1] and "deadlock" not in said[-1], said
+    wait(81.0)
+    wait(160.0)  # rank 0 outside any call, still: where each is, and no question
+    assert "nothing moving for 80 s: rank 0 is in no recorded call" in said[-1], said
+    assert "rank 1 waits in all_reduce #1" in said[-1] and "deadlock" not in said[-1], said
+    assert [line.split(" after ")[1].split(" s")[0] for line in said] == ["5", "10", "20", "40", "80", "160"]

@@ -2,16 +2,19 @@
 for an outcome are common/runner/verdict.py's; the files the runner writes follow common/runner/files.py)."""
 import json
 import os
+import re
 
 from common import timing
-from common.runner import expect, files, grading, launch
+from common.runner import expect, files, flightwatch, grading, launch
 from common.runner.catalog import ROOT
+from common.runner.diagnose import stuck, where
 from common.runner.preflight import (Blocked, ScriptError, UsageError, check_extra, check_json_target,  # noqa: F401
                                      check_junit_target, check_script, needs, np_ceiling, parse_np,
                                      parse_timeout, validate, wants_help)
+from common.runner.terminal import by_message, ranks_of
 from common.runner.files import write_junit  # noqa: F401
-from common.runner.verdict import (EXIT, checks_table, exit_code, explain, killed_rank, ok, status,  # noqa: F401
-                                   summary)
+from common.runner.checktable import checks_table  # noqa: F401
+from common.runner.verdict import EXIT, exit_code, explain, killed_rank, ok, status, summary  # noqa: F401
 
 
 def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, echo=True, script=None,
@@ -35,6 +38,12 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     elif echo:
         print(shown(cmd), flush=True)
+    if hasattr(tick, "watch"):  # the tick reads the ranks' flight records in the run folder
+        given = cmd
+
+        def cmd(run_dir):
+            tick.watch(run_dir)
+            return given(run_dir) if callable(given) else given
     if echo and launch.note():
         print(launch.note(), flush=True)
     if echo and np > timing.usable_cores():
@@ -55,6 +64,8 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
                                               "ranks": [], "params": outcome.planted.get("params", {})}
         outcome.results["diagnosis"] = outcome.diagnosis or {}
     checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome.results else None
+    if not outcome.interrupted:  # `bin/tutor why` (a check's too): the diagnosis, the error output kept
+        flightwatch.remember(f"{lesson.name} np={np} api={api}", status(outcome, checks), outcome)
     if json_path:
         keep_results(json_path, lesson, np, api, device, outcome.results, checks,
                      status(outcome, checks), explain(lesson, outcome, checks), outcome.diagnosis)
@@ -98,14 +109,54 @@ def lesson_help(lesson, script=None):
 
 class Waiting:
     """Says, on stderr, that a quiet run is still going: at 5 s (or half its limit), then each time
-    the wait doubles, so a learner whose answer deadlocks knows why nothing happens."""
+    the wait doubles, with what the ranks' flight records (common/flight.py) say they are doing:
+    starting (not every rank has joined, or made its first call: imports, MPI, torch's group),
+    working (records moving), or where each rank is once nothing moved for STILL_S; only when every
+    rank is inside a call does it ask about a deadlock. What was said is not said again ('as above').
+    run_lesson tells it the run folder (watch)."""
+    STILL_S = 2.0  # no record moved for this long: where each rank is gets said
 
-    def __init__(self, what, limit, say):
-        self.what, self.limit, self.say = what, limit, say
+    def __init__(self, what, limit, say, np=None):
+        self.what, self.limit, self.say, self.np = what, limit, say, np
         self.next = min(5.0, limit / 2)
+        self.run_dir, self.seen, self.snap, self.since, self.polled, self.said = None, None, {}, 0.0, -1.0, None
+
+    def watch(self, run_dir):
+        self.run_dir = run_dir
 
     def __call__(self, seconds):
+        if self.run_dir and seconds - self.polled >= 0.5:  # how long the records have been still
+            self.polled, snap = seconds, self._read()
+            writes = {r: head["writes"] for r, (head, _) in snap.items()}
+            if writes != self.seen:
+                self.seen, self.since, self.snap = writes, seconds, snap
         if seconds >= self.next:
-            self.say(f"  … {self.what}: still running after {seconds:.0f} s of {self.limit:g} (a deadlock? "
-                     "Ctrl-C ends it)")
-            self.next = 2 * seconds
+            doing = self.doing(seconds)
+            same = re.sub(r"\d+ s", "", doing) == re.sub(r"\d+ s", "", self.said or "")  # said once
+            self.say(f"  … {self.what}: still running after {seconds:.0f} s of {self.limit:g}"
+                     + (", as above" if same else doing))
+            self.said, self.next = doing, 2 * seconds
+
+    def _read(self):
+        try:
+            return flightwatch.read(self.run_dir)
+        except OSError:  # the run folder is gone: the run just ended
+            return {}
+
+    def doing(self, seconds):
+        """', every rank waits in all_reduce #6 (...) ...: a deadlock? Ctrl-C ends it', or what else."""
+        if not self.run_dir or not self.np:
+            return " (Ctrl-C ends it)"
+        snap = self.snap
+        started = [r for r, (_, entries) in snap.items() if entries]
+        if len(snap) < self.np or len(started) < self.np:
+            return (f": starting up (imports, joining the world): {len(started)} of {self.np} ranks have made "
+                    "a call")
+        still = seconds - self.since
+        if still < self.STILL_S:
+            return ": the ranks are working (their flight records move)"
+        places = by_message({r: " ".join(where(entries, set(), r).split()) for r, (_, entries) in snap.items()})
+        calls = "; ".join(f"{ranks_of(ranks)} " + ("wait" + place[5:] if len(ranks) > 1 and place.startswith("waits ")
+                                                    else place) for ranks, place in places)
+        ask = "a deadlock? " if stuck(snap, self.np) else ""  # asked only when every rank is inside a call
+        return f", nothing moving for {still:.0f} s: {calls} ({ask}Ctrl-C ends it)"

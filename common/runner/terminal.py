@@ -3,9 +3,12 @@ several ranks said alike said once ("ranks 0-3 failed: ..."), and check's progre
 the terminal can draw it. Pure functions but progress(); the JSON keeps it all."""
 import os
 import re
+import sys
 import textwrap
 
-from common.text import WIDTH  # every line the runner prints fits a terminal this wide
+from common.text import WIDTH, plain_marks  # every line the runner prints fits a terminal this wide
+
+plain_marks(sys.stdout, sys.stderr)  # all bin/tutor prints: '+' for '✓' where the terminal cannot print it
 
 
 _LIST = re.compile(r"^(?P<head>[^\[]*)\[(?P<items>.*)\](?P<tail>[^\]]*)$")

@@ -1,12 +1,12 @@
-"""What a run's outcome means, in words and as data: the checks table, the lines that say why a run
+"""What a run's outcome means, in words and as data: the lines that say why a run
 did not pass (which rank failed, which process a signal killed, where a hung rank was), the status the
 results JSON keeps, and the JUnit report."""
 import re
 import signal
 
 from common.runner import flightwatch, rundir
+from common.runner.checktable import got_cell, want_cell
 from common.runner.terminal import WIDTH, by_message, path_shown, ranks_of, short  # noqa: F401
-from common.report import table
 
 # One status per run, and the exit status `bin/tutor run` ends with (README, "Verdicts and exit codes").
 # `interrupted` exits 128 + the signal's number (130 for Ctrl-C), as does a crash in which mpiexec itself
@@ -50,27 +50,14 @@ def refused(outcome, checks):
             and killed_rank(outcome) is None)
 
 
-def checks_table(checks, width=92):
-    """The checks as a table of at most `width` characters (at most 100 bytes with the marks, for tools
-    that count bytes): long lists say how many values they hold, long names end in '…'; the results
-    JSON keeps them whole."""
-    got = [short(c["got"], 26) for c in checks]
-    want = [short(c["want"], 26) for c in checks]
-    rest = max(map(len, got + ["got"])) + max(map(len, want + ["want"])) + 1 + 3 * 2
-    dots = max(g.count("…") + w.count("…") for g, w in zip(got + [""], want + [""]))
-    room = width - rest - 2 * max(0, dots - 2)  # >= 33 - 2k; '…' is 3 bytes: one in each column fits
-    names = [c["name"] if len(c["name"]) <= room else c["name"][:room - 1] + "…"  # cut as text: a name's
-             for c in checks]                                                     # [r+1] is no list
-    rows = [(n, g, w, "✓" if c["ok"] else "✗") for n, g, w, c in zip(names, got, want, checks)]
-    return table(["check", "got", "want", ""], rows, align=[False, False, False, False])
-
-
 def explain(lesson, outcome, checks):
     """Lines saying why a run did not pass, in the learner's words; [] when it passed."""
     lines = []
     if outcome.interrupted:
         how = "Ctrl-C" if outcome.signal in (None, signal.SIGINT) else _signal_name(outcome.signal)
         return [f"interrupted by {how}: every process of the run was ended"]
+    if getattr(outcome, "planted", None) and not getattr(outcome, "wrong_world", None):
+        return flightwatch.planted_lines(lesson, outcome, checks, short)  # lesson 14: the diagnosis first
     if outcome.timed_out:
         lines.append(flightwatch.opening(lesson, outcome))
         places = {}
@@ -120,8 +107,8 @@ def explain(lesson, outcome, checks):
     elif checks is None:
         lines.append("it exited 0 but wrote no results: the lesson must call report.finish()")
     else:
-        lines += [f"check failed: {c['name']}: got {short(c['got'])}, want {short(c['want'])}"
-                  for c in checks if not c["ok"]]
+        lines += [f"check failed: {c['name']}: got {got_cell(c)}" + (f"; wanted {c['rule']}" if c.get("rule")
+                  else f", want {want_cell(c)}") for c in checks if not c["ok"]]
     return lines + flightwatch.lines(outcome)
 
 
