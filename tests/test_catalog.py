@@ -99,6 +99,10 @@ def test_names_a_lessons_own_module_reports_are_known(tmp_path):
     (("value: ranks[*].x", "value: ranks[*.x"), "value must be a path", 7),
     (("- name: c", "- name: [c]"), "a check's name must be text", 6),
     (("timeout_s: 10", "timeout_s: 10\nhint: 3"), "hint must be text", 5),
+    (("timeout_s: 10", "timeout_s: 10\ntakeaway: a line"), "takeaway must be a list of lines", 5),
+    (("timeout_s: 10", "timeout_s: 10\ntakeaway: [\"" + "w" * 97 + "\"]"), "97 columns, over 96", 5),
+    (("timeout_s: 10", "timeout_s: 10\nview: {args: --trace, says: x}"), "view must be", 5),
+    (("timeout_s: 10", "timeout_s: 10\nview: {args: [--trace]}"), "view must be", 5),
 ])
 def test_bad_yaml_names_file_and_line(tmp_path, change, message, line):
     path = write(tmp_path, GOOD.replace(*change))
@@ -129,3 +133,27 @@ def test_lesson_metadata(lesson):
     assert "report.finish(" in source and "bootstrap.start(" in source
     for marker in re.findall(r"# >>> exercise: (\S+)", source):
         assert f"# <<< exercise: {marker}" in source, f"exercise {marker} has no end marker"
+
+
+@pytest.mark.parametrize("lesson", REAL, ids=[l.name for l in REAL])
+def test_every_lesson_says_what_to_take_away_in_two_or_three_short_lines(lesson):
+    """Printed after the verdict of a passing `bin/tutor run` (catalog.takeaway_lines), within 100 columns."""
+    lesson.meta = catalog.load_yaml(lesson.yaml_path)
+    said = lesson.meta.get("takeaway", [])
+    assert 2 <= len(said) <= 3, f"{lesson.name}: takeaway has {len(said)} lines"
+    printed = catalog.takeaway_lines(lesson)
+    assert printed[0] == "take away:" and len(printed) == len(said) + 1
+    assert max(len(line) for line in printed) <= 100, printed
+    assert len(set(said)) == len(said)
+
+
+def test_a_view_is_a_command_to_type_with_the_failed_runs_np_and_api(tmp_path):
+    path = write(tmp_path, GOOD + 'view: {args: ["--trace", "--no-race"], says: the whiteboard}\n')
+    lesson = catalog.Lesson("01", "01_x", path[:-5] + ".py", catalog.load_yaml(path))
+    assert catalog.view_command(lesson, 3, "mpi4py", "cpu", mine=True) == (
+        "bin/tutor run 01 --mine -n 3 -- --trace --no-race", "the whiteboard")
+    assert catalog.view_command(lesson, 2, "torch", "gpu")[0] == (
+        "bin/tutor run 01 -n 2 --api torch --device gpu -- --trace --no-race")
+    lesson.meta.pop("view")
+    assert catalog.view_command(lesson, 2, "mpi4py", "cpu") == ("bin/tutor run 01 -n 2", None)
+    assert catalog.takeaway_lines(lesson) == []

@@ -21,3 +21,20 @@ def test_arrows_point_one_way_from_the_runner_to_what_lessons_use():
     wrong = [f"{os.path.relpath(p, ROOT)} imports {mod}" for p in lesson_side for mod, names in imports(p)
              if mod.startswith("common.runner") or (mod == "common" and "runner" in names)]
     assert len(lesson_side) > 10 and not wrong, wrong
+
+
+def test_the_readme_opens_with_the_way_in_and_keeps_environments_below_it():
+    """A new user's first screen (30 lines) goes from setup to a passing practice exercise; the path,
+    the glossary and the call map come before setup, CUDA and MPI detail."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    first = "\n".join(readme.splitlines()[:30])
+    for step in ("make setup", "bin/tutor run 00", "bin/tutor practice 00", "bin/tutor check 00 --mine"):
+        assert step in first, step
+    before = readme[:readme.index("## Setup and environments")]
+    assert all(word not in before for word in ("CUDA", "driver", "TUTOR_PYTHON", "Open MPI")), before[:200]
+    for term in ("rank", "NP", "communicator", "algbw", "busbw", "alpha-beta", "eager and rendezvous",
+                 "torch.distributed", "ncclAllReduce", "bin/tutor busbw", "bin/tutor run 05 -n 4 -- --trace"):
+        assert f"**{term}**" in before or term in before, term
+    ids = [line.split("|")[1].strip() for line in before.splitlines() if line.startswith("| ")]
+    assert [i for i in ids if i.isdigit()] == sorted(f for f in {p[:2] for p in os.listdir(
+        os.path.join(ROOT, "lessons")) if p[:2].isdigit()}), "the path lists every lesson, in order"

@@ -286,6 +286,46 @@ def test_hints_come_one_at_a_time_and_are_remembered(sandbox):
     assert json.load(open(practice.progress_path()))["01_sum"]["hints"] == 2
 
 
+def test_hints_start_from_the_check_that_failed_and_a_new_failure_starts_again(sandbox, tmp_path, monkeypatch):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    (lessons / "01_sum.py").write_text(open(os.path.join(PRACTICE_FIXTURES, "01_sum.py")).read())
+    yaml_text = open(os.path.join(PRACTICE_FIXTURES, "01_sum.yaml")).read().split("hint:")[0]
+    (lessons / "01_sum.yaml").write_text(yaml_text + 'hint: ["chunks go right", "count the steps", "no deadlock"]\n')
+    monkeypatch.setenv("TUTOR_LESSONS", str(lessons))
+    lesson = catalog.resolve("01")
+    assert practice.closest_first(["a b", "steps counted twice", "x"], "the ring takes 2 steps") == [1, 0, 2]
+    out = launch.Outcome(rc=0, seconds=0.1, errors={})
+    out.results = {"np": 2, "ranks": [{"rank": 0, "sum": 1}, {"rank": 1, "sum": 1}]}
+    practice.remember_failure(lesson, [(lesson, 2, "mpi4py", out, "fail", ["check failed: ..."])])
+    assert practice.last_failure(lesson) == {"where": "np=2 api=mpi4py", "what": ["sum of rank+1 is N(N+1)/2"]}
+    timeout = [(lesson, 1, "mpi4py", None, "timeout", ["TIMEOUT: every rank waits", "a deadlock"])]
+    practice.remember_failure(lesson, timeout)
+    assert practice.next_hint(lesson) == (["no deadlock"], 3)  # closest to what failed
+    assert practice.next_hint(lesson) == (["no deadlock", "chunks go right"], 3)
+    practice.remember_failure(lesson, timeout[:0] + [(lesson, 1, "mpi4py", None, "crash", ["count steps"])])
+    assert practice.next_hint(lesson) == (["count the steps"], 3)  # a new failure starts again
+    practice.remember_failure(lesson, [(lesson, 1, "mpi4py", out, "pass", [])])
+    assert practice.last_failure(lesson) is None and len(practice.next_hint(lesson)[0]) == 2
+
+
+def test_after_a_run_the_takeaway_or_the_view_that_shows_the_failure(sandbox):
+    lesson = catalog.resolve("01")
+    lesson.meta = {**lesson.meta, "takeaway": ["one", "two"], "view": {"args": ["--trace"], "says": "the board"}}
+    assert practice.after_run(lesson, "pass", 2, "mpi4py", "cpu", False, []) == ["take away:", "  - one", "  - two"]
+    assert practice.run_mark(lesson) == "✓"
+    assert practice.after_run(lesson, "fail", 3, "torch", "cpu", True, []) == [
+        "to see it: bin/tutor run 01 --mine -n 3 --api torch -- --trace", "  (the board)"]
+    assert practice.run_mark(lesson) == "✓"  # a run of your copy is not a run of the lesson
+    assert practice.after_run(lesson, "fail", 3, "mpi4py", "cpu", False, ["--trace"]) == []  # it was that view
+    assert practice.after_run(lesson, "timeout", 3, "mpi4py", "cpu", False, []) == []
+    assert practice.run_mark(lesson) == "✗ timeout"
+    cases = [(lesson, 1, "mpi4py", None, "pass", []), (lesson, 2, "torch", None, "fail", []),
+             (lesson, 3, "mpi4py", None, "fail", [])]
+    assert practice.see_failures(cases, {}, mine=False) == [
+        "to see it: bin/tutor run 01 -n 2 --api torch -- --trace", "  (the board)"]
+
+
 def test_a_pass_counts_only_what_was_graded(sandbox):
     lesson = catalog.resolve("01")
     half = grading.Plan("p.py", "l.py", "", mine=["allreduce"], reference=["other"])
@@ -339,10 +379,17 @@ def test_practice_check_fix_pass_list(sandbox):
     open(path, "w").write(wrong)
     off = tutor("check", "01", "--mine", env=env)
     assert off.returncode == 1 and 'check failed: "sum of rank+1 is N(N+1)/2"' in off.stderr, off.stderr
+    assert "to see it: bin/tutor run 01 --mine -n 1\n" in off.stderr, off.stderr  # its first failed run
+    hinted = tutor("hint", "01", env=env).stdout  # starts from the check that failed
+    assert hinted.startswith("your last `check 01 --mine` failed (np=1 api=mpi4py): sum of rank+1"), hinted
+    ran = tutor("run", "01", "--mine", "-n", "2", env=env)  # the copy, with the lesson's flags if any
+    assert ran.returncode == 1 and "your copy" in ran.stdout and "sum of rank+1" in ran.stderr, ran.stderr
     open(path, "w").write(wrong.replace("ctx.rank, op", "ctx.rank + 1, op"))
     good = tutor("check", "01", "--mine", env=env)
     assert good.returncode == 0 and "passes every check" in good.stdout, good.stdout + good.stderr
-    assert "✓ passed" in tutor("list", env=env).stdout
+    listed = tutor("list", env=env).stdout.splitlines()
+    assert len(listed) == 2 + len(catalog.lessons()) + 1 and "✓ passed" in listed[2], listed  # a line each
+    assert tutor("hint", "01", env=env).stdout.startswith("✓ you passed 01_sum: `bin/tutor solution 01`")
     assert "op=MPI.SUM" in tutor("solution", "01", env=env).stdout
 
 
@@ -460,3 +507,24 @@ def test_paths_are_shown_the_shorter_way(tmp_path, monkeypatch):
     outside = "/tmp/x.py"
     assert os.path.relpath(outside).startswith("../") and path_shown(outside) == outside
     assert path_shown(str(deep / "03.py")) == "03.py"
+
+
+# ---- bin/tutor doctor's last word: what this machine is ready for --------------------------------
+
+@pytest.mark.parametrize("mpi_ok, torch_ok, gpu, n, said", [
+    (True, True, {"mpi4py": (False, "no NVIDIA GPU found"), "torch": (False, "no NVIDIA GPU found")}, 0,
+     ["yes: MPI on NumPy buffers, every lesson", "yes: torch.distributed with gloo",
+      "no: no GPU visible (above)", "no: no GPU visible (above)"]),
+    (True, False, {"mpi4py": (True, "ok"), "torch": (False, "torch has no CUDA")}, 2,
+     ["yes: MPI on NumPy buffers, every lesson but 08 (its model is torch)",
+      "no: torch with gloo does not import (the torch section says why)",
+      "yes: up to 2 rank(s) per node, one GPU each", "no: torch has no CUDA"]),
+    (False, True, {"mpi4py": (True, "ok"), "torch": (True, "ok")}, 1, ["no: MPI does not launch one world"] * 4),
+])
+def test_doctor_ends_with_one_line_per_api_and_device(capsys, mpi_ok, torch_ok, gpu, n, said):
+    from common.runner import doctor
+    doctor.ready_section(mpi_ok, torch_ok, gpu, n)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "this machine is ready for" and len(out) == 5, out
+    rows = [line.split(None, 4)[4] for line in out[1:]]  # "  mpi4py on the cpu  yes: ..."
+    assert [r[:len(s)] for r, s in zip(rows, said)] == said and max(map(len, out)) <= 100, out

@@ -8,6 +8,9 @@ YAML schema (every key documented in README.md, "Lesson YAML"):
   args                 extra lesson flags the runner passes in `check` (optional)
   expect               [{name, value, equals|le|ge|lt|gt, rtol, atol, when}]
   hint                 text, or a list of hints given one at a time
+  view                 {args: [lesson flags], says: text}: the lesson's own view that shows a failed
+                       check (05: --trace); `run` and `check` print its command after a failure
+  takeaway             2-3 lines of what to take away, printed after a passing `bin/tutor run`
 """
 import difflib
 import os
@@ -104,3 +107,20 @@ def resolve(text, folder=None):
     close = difflib.get_close_matches(key, names, 3, 0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `bin/tutor list` shows them all"
     raise CatalogError(f"no lesson {text!r}{hint}")
+
+
+def takeaway_lines(lesson):
+    """What to take away from the lesson (its YAML's `takeaway`), as `bin/tutor run` says it after a pass."""
+    said = lesson.meta.get("takeaway") or []
+    return ["take away:"] + [f"  - {line}" for line in said] if said else []
+
+
+def view_command(lesson, np, api, device, mine=False):
+    """(the command that shows a run in the lesson's own view (YAML `view`), what that view shows), or
+    (the plain command, None) for a lesson without one: the run's whole output, which `check` hides."""
+    view = lesson.meta.get("view")
+    words = ["bin/tutor", "run", lesson.id] + (["--mine"] if mine else []) + ["-n", str(np)]
+    words += (["--api", api] if api != "mpi4py" else []) + (["--device", device] if device == "gpu" else [])
+    if view:
+        return " ".join(words + ["--", *view["args"]]), view["says"]
+    return " ".join(words), None

@@ -120,8 +120,9 @@ def torch_section():
     return probe("torch", find) or (None, None)
 
 
-def cupy_section():
-    """CuPy's CUDA major (from its wheel's name) and the NCCL version it loads, or None for each."""
+def cupy_section(gpus=1):
+    """CuPy's CUDA major (from its wheel's name) and the NCCL version it loads, or None for each.
+    With no GPU visible NCCL is not loaded: it runs on GPUs only, and its absence says nothing here."""
     print("cupy")
     dist = next((d for d in importlib.metadata.distributions()
                  if re.fullmatch(r"cupy(-cuda\d+x)?", (d.metadata["Name"] or "").lower())), None)
@@ -131,6 +132,10 @@ def cupy_section():
     m = re.fullmatch(r"cupy-cuda(\d+)x", dist.metadata["Name"].lower())
     major = int(m[1]) if m else None
     line("CuPy", f"{dist.metadata['Name']} {dist.version}" + (f" (built for CUDA {major})" if major else ""))
+
+    if not gpus:
+        line("NCCL (CuPy)", "not loaded: no GPU here, and NCCL runs on GPUs only")
+        return major, None
 
     def nccl_version():
         ok, why = devices.nccl_loads()
@@ -163,22 +168,59 @@ def main():
     python_section()
     problems = mpi_section()
     torch_cuda, torch_nccl = torch_section()
-    cupy_cuda, cupy_nccl = cupy_section()
+    try:  # asked once, said below in the gpu section
+        seen = devices.visible_gpus()
+    except Exception as exc:  # doctor reports, it never crashes
+        seen = exc
+    cupy_cuda, cupy_nccl = cupy_section(0 if isinstance(seen, Exception) else seen[0])
     for text in agreement(torch_cuda, cupy_cuda, torch_nccl, cupy_nccl):
         line("agree?", text)
     print("gpu")
-    n, why = probe("GPUs visible", devices.visible_gpus) or (0, "not probed")
+    n, why = probe("GPUs visible", lambda: _raise_or(seen)) or (0, "not probed")
     line("GPUs visible", why)
     gap = driver_section(n)
     print("--device auto will choose")
+    gpu = {}
     for api in devices.APIS:
-        ready, reason = probe(f"--api {api}", lambda: devices.gpu_ready(api, 1) if n else (False, why)) or \
-            (False, "the probe failed")
+        ready, reason = probe(f"--api {api}", lambda: devices.gpu_ready(api, 1, seen=(n, why)) if n else
+                              (False, why)) or (False, "the probe failed")
         if not ready and reason == gap:
             reason = "the NVIDIA driver is too old (above)"
+        gpu[api] = ready, reason
         line(f"--api {api}", f"{'gpu' if ready else 'cpu'}: {reason}" +
              (f" (up to {n} rank(s) per node)" if ready else ""))
+    ready_section(not problems, _torch_cpu(), gpu, n)
     return 1 if problems else 0
+
+
+def _raise_or(value):
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
+def _torch_cpu():
+    """torch imports and has gloo (a CPU-only build: torch_section's CUDA major is None)."""
+    try:
+        import torch.distributed as dist
+        return dist.is_gloo_available()
+    except Exception:  # said in the torch section already
+        return False
+
+
+def ready_section(mpi_ok, torch_ok, gpu, n):
+    """The last word: one line per API and device, what this machine can run now."""
+    print("this machine is ready for")
+    mpi_why = "no: MPI does not launch one world here (the mpi section says why)"
+    line("mpi4py on the cpu", "yes: MPI on NumPy buffers, every lesson" + ("" if torch_ok else
+         " but 08 (its model is torch)") if mpi_ok else mpi_why)
+    line("torch on the cpu", ("yes: torch.distributed with gloo" if torch_ok else
+                              "no: torch with gloo does not import (the torch section says why)")
+         if mpi_ok else mpi_why)
+    for api in devices.APIS:
+        ready, reason = gpu[api]
+        line(f"{api} on a gpu", f"yes: up to {n} rank(s) per node, one GPU each" if ready and mpi_ok else
+             mpi_why if ready else "no: no GPU visible (above)" if not n else f"no: {reason}")
 
 
 def driver_section(gpus):

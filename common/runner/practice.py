@@ -4,10 +4,10 @@ import glob
 import os
 import re
 
-from common.runner import files, grading
+from common.runner import catalog, expect, files, grading
 from common.runner.catalog import ROOT
 from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
-from common.runner.terminal import path_shown
+from common.runner.terminal import fit, path_shown
 from common.runner.progress import change, load_progress, progress_path, update  # noqa: F401 (used via practice.)
 
 
@@ -50,8 +50,7 @@ def writable(folder, variable):
     """PracticeError (one line, before anything is done) when `folder` cannot take files, naming it
     and the way out: the variable that puts that folder elsewhere."""
     if not files.writable(folder):
-        raise PracticeError(f"{path_shown(folder)} is not writable: make it writable, or set {variable} to "
-                            f"a folder of yours (e.g. {variable}=~/tutor-{variable.split('_')[1].lower()})")
+        raise PracticeError(f"{path_shown(folder)} is not writable: set {variable} to a folder of yours")
 
 
 def state(lesson):
@@ -66,18 +65,63 @@ def state(lesson):
 
 
 def next_hint(lesson):
-    """(hints shown so far, total): each call reveals one more, up to all of them."""
+    """(hints shown so far, total): each call reveals one more, up to all of them. After a failed
+    `check --mine` (remember_failure) the hints closest to what failed come first, and a new failure
+    starts the count again."""
     hints = lesson.meta.get("hint") or []
     hints = [hints] if isinstance(hints, str) else list(hints)
     if not hints:
         return [], 0
     writable(os.path.dirname(progress_path()), "TUTOR_STATE")
+    failed = last_failure(lesson)
+    order = closest_first(hints, " ".join(failed["what"])) if failed else list(range(len(hints)))
 
     def one_more(entry):
         seen = entry.get("hints", 0)
+        if failed and entry.get("hints_for") != failed:
+            seen, entry["hints_for"] = 0, failed
         entry["hints"] = min((seen if isinstance(seen, int) else 0) + 1, len(hints))
     shown = change(lesson, one_more)["hints"]
-    return [h.rstrip() for h in hints[:shown]], len(hints)
+    return [hints[i].rstrip() for i in order[:shown]], len(hints)
+
+
+WORD = re.compile(r"[a-z0-9][a-z0-9+\-]*")
+COMMON = {"the", "and", "for", "its", "every", "each", "one", "from", "with", "not", "that", "this",
+          "what", "when", "get", "got", "want", "your", "you", "all", "but", "are", "has", "have"}
+
+
+def words(text):
+    """The words that carry a sentence's meaning, plural or not ('chunks' is 'chunk')."""
+    return {w.removesuffix("s") for w in WORD.findall(text.lower()) if len(w) > 2 and w not in COMMON}
+
+
+def closest_first(hints, failure):
+    """Hint indices, those sharing most words with what failed first (ties keep the YAML's order)."""
+    said = words(failure)
+    return sorted(range(len(hints)), key=lambda i: -len(words(hints[i]) & said))
+
+
+def last_failure(lesson):
+    """What the last `check --mine` of the lesson failed ({"where", "what"}), or None (passed, not run)."""
+    failed = load_progress().get(lesson.name, {}).get("failed")
+    ok = isinstance(failed, dict) and isinstance(failed.get("where"), str) and isinstance(failed.get("what"), list)
+    return failed if ok else None
+
+
+def remember_failure(lesson, cases):
+    """After `check --mine`: keep what its first failed run of `lesson` failed (the checks' names, or
+    the lines that say why it crashed or timed out), for `hint`; a check that passed them all forgets it.
+    cases: checking.run's (lesson, np, api, outcome, verdict, why)."""
+    mine = [c for c in cases if c[0] is lesson and c[4] in ("pass", "fail", "crash", "timeout", "usage")]
+    bad = next((c for c in mine if c[4] != "pass"), None)
+    if not mine:
+        return
+    if bad is None:
+        return change(lesson, lambda entry: entry.pop("failed", None))
+    _, n, api, outcome, verdict, why = bad
+    checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome and outcome.results else []
+    what = [c["name"] for c in checks if not c["ok"]] or [verdict] + list(why)[:3]
+    change(lesson, lambda entry: entry.update(failed={"where": f"np={n} api={api}", "what": what}))
 
 
 def solution(lesson, force=False):
@@ -98,6 +142,12 @@ def solution(lesson, force=False):
 
 
 STATE_MARK = {"passed": "✓ passed", "in progress": "in progress", "not started": "not started", "": ""}
+
+
+def run_mark(lesson):
+    """How your last `bin/tutor run` of the lesson ended: '✓', '✗ fail' (its status), '' if never run."""
+    last = load_progress().get(lesson.name, {}).get("run")
+    return "" if not isinstance(last, str) else "✓" if last == "pass" else f"✗ {last}"
 
 
 def mine_or_fail(lesson):
@@ -122,7 +172,10 @@ def welcome(lesson, path, regions, backup):
     for r in regions:
         m = mine[r.name]
         lines.append(f"  exercise {r.name}: {path_shown(path)}:{m.begin + 1} (between the markers)")
-    lines += [f"next: edit it, then `bin/tutor check {lesson.id} --mine`; stuck? `bin/tutor hint {lesson.id}`"]
+    where = ", ".join(f"{r.begin + 1}-{r.end - 1}" for r in regions)
+    lines += [fit(f"read now: the rest of your copy (the page, less the answers); read "
+                  f"{path_shown(lesson.path)}:{where} only after you try: those lines are the answers"),
+              f"next: edit it, then `bin/tutor check {lesson.id} --mine`; stuck? `bin/tutor hint {lesson.id}`"]
     return "\n".join(lines)
 
 
@@ -176,3 +229,39 @@ def record(lesson, verdicts, plan, full):
         return (f"{lesson.name}: passed this NP/API; `bin/tutor check {lesson.id} --mine` runs them all "
                 "and marks it passed")
     return f"✗ {lesson.name}: not yet. Edit {shown}; `bin/tutor hint {lesson.id}` helps"
+
+
+def running_mine(lesson, script, plan):
+    """What `run --mine` says before it launches: which file runs, and where the reference stands in."""
+    return [f"your copy {path_shown(script)}, run as `bin/tutor check {lesson.id} --mine` runs it"] + [
+        f"note: {line}" for line in plan.notes()]
+
+
+def after_run(lesson, verdict, np, api, device, mine, lesson_args):
+    """What `bin/tutor run` says after its verdict: after a pass, the lesson's takeaway; after a failed
+    or crashed run, the command that shows it in the lesson's own view (unless this run was that view).
+    A run of the lesson itself is noted for `bin/tutor list`."""
+    if not mine:
+        try:
+            update(lesson, run=verdict)
+        except (OSError, files.FileError):  # a read-only .tutor/: the list will not know, nothing else
+            pass
+    if verdict == "pass":
+        return catalog.takeaway_lines(lesson)
+    command, says = catalog.view_command(lesson, np, api, device, mine)
+    if verdict not in ("fail", "crash") or not says or set(lesson.meta["view"]["args"]) <= set(lesson_args):
+        return []
+    return [f"to see it: {command}", f"  ({says})"]
+
+
+def see_failures(cases, devices, mine):
+    """After `check`: for each lesson whose run failed, the command that shows its first failed run
+    (the lesson's own view where its YAML names one, else the run's whole output)."""
+    said, lines = set(), []
+    for lesson, n, api, outcome, verdict, why in cases:
+        if verdict not in ("fail", "crash") or lesson.name in said:
+            continue
+        said.add(lesson.name)
+        command, says = catalog.view_command(lesson, n, api, devices.get(lesson.name, "cpu"), mine)
+        lines += [f"to see it: {command}", f"  ({says or 'the whole output, which check does not show'})"]
+    return lines

@@ -1,7 +1,10 @@
 """The learner's progress: one small file, .tutor/progress.json (git-ignored), changed only under a
 lock and written atomically (temp + rename), so two commands at once both count; a damaged file is
 kept aside (progress.json.damaged) with a warning, never silently lost:
-    {"05_ring_allreduce": {"state": "in progress" | "passed", "hints": 2}}
+    {"05_ring_allreduce": {"state": "in progress" | "passed", "hints": 2,
+                           "run": "pass",       # how the last `bin/tutor run 05` ended (for `list`)
+                           "failed": {"where": "np=3 api=mpi4py", "what": [check names]},  # for `hint`
+                           "hints_for": {...}}} # the failure the hint count belongs to
 """
 import json
 import os
@@ -9,7 +12,8 @@ import sys
 
 from common.runner import files
 from common.runner.catalog import ROOT
-from common.runner.terminal import path_shown
+from common.runner.exercise import PracticeError
+from common.runner.terminal import fit, path_shown
 from common.report import atomic_write
 
 
@@ -37,27 +41,44 @@ def _read_progress(keep_aside=True):
         if isinstance(data, dict) and all(isinstance(v, dict) for v in data.values()):
             return data
         why = "not a table of lessons"
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file, or TUTOR_STATE names a file: nothing yet
         return {}
     except (OSError, ValueError) as exc:
-        why = getattr(exc, "strerror", None) or str(exc).split(":")[0]
+        why = getattr(exc, "strerror", None) or ("not JSON" if isinstance(exc, ValueError) else str(exc))
     try:
-        aside = path_shown(files.keep_aside(path, ".damaged")) if keep_aside else None
+        aside = files.keep_aside(path, ".damaged") if keep_aside else None
     except (OSError, files.FileError):
         aside = None
-    print(f"tutor: warning: {path_shown(path)} is damaged ({why}); "
-          + (f"kept it as {aside} and started afresh" if aside else "starting afresh"), file=sys.stderr)
+    print(fit(f"tutor: warning: {path_shown(path)} is damaged ({why}): "
+              + (f"kept as {os.path.basename(aside)} beside it; starting afresh" if aside else "starting afresh")),
+          file=sys.stderr)
     return {}
 
 
+class Unsaved(PracticeError, OSError):
+    """The progress file could not be written (a full disk, TUTOR_STATE naming a file): one line for
+    the learner (a PracticeError), and an OSError with its strerror for those who catch that."""
+
+    def __init__(self, exc):
+        self.strerror = exc.strerror or str(exc)
+        super().__init__(f"{path_shown(os.path.dirname(progress_path()))}: could not save your progress "
+                         f"({self.strerror}): free some space, or set TUTOR_STATE to a folder of yours")
+
+
 def change(lesson, how):
-    """Apply how(entry) to this lesson's progress entry, atomically under the lock; return the entry."""
-    with files.locked(progress_path()):
-        data = _read_progress()
-        entry = data.setdefault(lesson.name, {})
-        how(entry)
-        atomic_write(progress_path(), json.dumps(data, indent=1, sort_keys=True) + "\n")
-        return entry
+    """Apply how(entry) to this lesson's progress entry, atomically under the lock; return the entry.
+    Unsaved (one line) when it cannot be written; the file is then as it was."""
+    try:
+        with files.locked(progress_path()):
+            data = _read_progress()
+            entry = data.setdefault(lesson.name, {})
+            how(entry)
+            atomic_write(progress_path(), json.dumps(data, indent=1, sort_keys=True) + "\n")
+            return entry
+    except OSError as exc:
+        if isinstance(exc, Unsaved):
+            raise
+        raise Unsaved(exc) from None
 
 
 def update(lesson, **fields):

@@ -17,10 +17,11 @@ import re
 from common.runner import expect, expr
 from common.runner.terminal import path_shown
 
-KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint"}
+KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint", "view", "takeaway"}
 NP_KEYS = {"default", "min", "max", "check"}
-CHECK_KEYS = {"name", "value", "rtol", "atol", "when"} | set(expect.OPS)
+CHECK_KEYS = {"name", "value", "rtol", "atol", "when", "none"} | set(expect.OPS)
 ALWAYS = {"np", "api", "device", "transport", "rank"}   # `rank`: every ranks[*] item has it (GUIDE §2)
+TAKEAWAY_COLUMNS = 96                                    # printed after "  - ": 100 columns
 MAX_TIMEOUT_S = 86400                                    # one day: the watchdog's longest deadline
 PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*|\[(\*|-?\d+)\])*$")
 
@@ -60,6 +61,14 @@ def validate(data, root, path):
     hint = data.get("hint", "")
     if not (isinstance(hint, str) or isinstance(hint, list) and all(isinstance(h, str) for h in hint)):
         where.fail("hint", "hint must be text, or a list of texts")
+    _view(data.get("view"), where)
+    takeaway = data.get("takeaway", [])
+    if not (isinstance(takeaway, list) and all(isinstance(t, str) and t.strip() for t in takeaway)):
+        where.fail("takeaway", "takeaway must be a list of lines, e.g. [\"the ring sends 2(N-1)/N\"]")
+    wide = [t for t in takeaway if len(t) > TAKEAWAY_COLUMNS]
+    if wide:
+        where.fail("takeaway", f"a takeaway line is {len(wide[0])} columns, over {TAKEAWAY_COLUMNS}: "
+                               f"{wide[0][:40]!r}...")
     checks = data["expect"]
     if not isinstance(checks, list) or not checks:
         where.fail("expect", "expect must list at least one check")
@@ -86,6 +95,16 @@ def _np(np, where):
             where.fail(key, f"np {key} {off[0]} is outside the lesson's range {span}")
 
 
+def _view(view, where):
+    """view: {args: [flags], says: text}: the lesson's own view that shows a failed check."""
+    if view is None:
+        return
+    if not (isinstance(view, dict) and set(view) == {"args", "says"} and isinstance(view["says"], str)
+            and view["says"].strip() and isinstance(view["args"], list) and view["args"]
+            and all(isinstance(a, str) for a in view["args"])):
+        where.fail("view", "view must be {args: [lesson flags], says: what that view shows}")
+
+
 def _whole(n):
     return isinstance(n, int) and not isinstance(n, bool) and n >= 1
 
@@ -106,6 +125,9 @@ def _check(item, where, known):
         tol = item.get(key, 0)
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < math.inf:
             where.fail(key, f"{key} must be a number >= 0, got {tol!r}")
+    none = item.get("none", 0)  # the value that means "none" (a rank sent to no one: -1), shown as that word
+    if isinstance(none, bool) or not isinstance(none, (int, float, str)):
+        where.fail("none", f"none must be the one value that means none, e.g. -1, got {none!r}")
     for key in [*expect.OPS, "when"]:
         if isinstance(item.get(key), str):
             try:
