@@ -61,8 +61,9 @@ def nonneg_int(text):
     return value
 
 
-def positive(kind):
-    """A flag type: a finite number > 0 of `kind` (int or float), e.g. type=positive(float)."""
+def positive(kind, least=None, most=None):
+    """A flag type: a finite number > 0 of `kind` (int or float), e.g. type=positive(float); with
+    least / most, within those too (a rate of 5e-324 divided by 8 is 0, and the prices divide by it)."""
     def parse(text):
         try:
             value = kind(text)
@@ -70,6 +71,9 @@ def positive(kind):
             raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
         if not 0 < value < float("inf"):
             raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+        if (least is not None and value < least) or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"expected a number from {least or 1:g} to {most:g}, got {text}"
+                                             if most is not None else f"expected at least {least:g}, got {text}")
         return value
     return parse
 

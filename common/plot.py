@@ -1,4 +1,5 @@
-"""Pictures as PNG files, drawn with matplotlib's Agg backend (no window, no display needed).
+"""Pictures as PNG files (PDF or SVG where the file's suffix names them), drawn with matplotlib's Agg
+backend (no window, no display needed).
 
     problem = plot.cannot_write(path)      # None, or one line saying why not (before any work is done)
     plot.busbw_png(path, sizes_b, {"ring": [...], "library": [...]}, title)   # lesson 05's race
@@ -12,6 +13,7 @@ Every function is pure (data in, file out) and imports matplotlib only when call
 picture never pays for it.
 """
 import importlib.util
+import os
 
 from common import guard
 
@@ -19,12 +21,26 @@ CELL_W, CELL_H = 0.55, 0.42        # inches per step and per rank in a schedule 
 DPI = 100
 
 
+FORMATS = ("png", "pdf", "svg")    # what the file's suffix may name; none: PNG
+
+
+def file_format(path):
+    """The picture format `path`'s suffix names ('png' without one), or None for another suffix."""
+    suffix = os.path.splitext(str(path))[1][1:].lower()
+    if not suffix:
+        return "png"
+    return suffix if suffix in FORMATS else None
+
+
 def cannot_write(path):
-    """Why a PNG cannot be written at `path` (no folder, a file the kit did not write: common/guard.py,
-    no matplotlib), or None. Cheap: imports nothing."""
-    problem = guard.refusal(path, "PNG")
+    """Why a picture cannot be written at `path` (a suffix no format here has, no folder, a file the kit
+    did not write: common/guard.py, no matplotlib), or None. Cheap: imports nothing."""
+    problem = guard.refusal(path, "PNG")  # first: a file the kit did not write is the news
     if problem:
         return problem
+    if file_format(path) is None:
+        return (f"{path}: the suffix names the picture's format: "
+                f"{', '.join('.' + f for f in FORMATS)}, not {os.path.splitext(str(path))[1]}")
     if importlib.util.find_spec("matplotlib") is None:
         return "PNG pictures need matplotlib: .venv/bin/pip install matplotlib (or `make setup`)"
     return None
@@ -48,7 +64,7 @@ def _bytes_axis(ax):
 
 def _save(plt, fig, path):
     try:  # through the guard: never over a file the kit did not write
-        guard.write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"), "PNG")
+        guard.write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format=file_format(path)), "PNG")
     finally:
         plt.close(fig)
     return f"wrote {path}"

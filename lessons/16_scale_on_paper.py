@@ -103,23 +103,23 @@ def cluster_for(args, nodes, classes):
 
 
 def step_rows(args, classes):
-    """Every model x GPU count x plan of section 2, as step.step() prices it on your (or the default) cluster."""
+    """Every model x GPU count x plan of section 2, as step.step() prices it on your (or the default)
+    cluster, at WORLDS rounded to whole nodes and your own; and {GPU count: why not} for those refused."""
+    counts, refused = step.worlds(WORLDS, args.gpus_per_node, args.nodes)
     rows = []
     for name, shape in step.SHAPES.items():
-        for world in WORLDS:
-            if world % args.gpus_per_node:
-                continue
+        for world in counts:
             c = cluster_for(args, world // args.gpus_per_node, classes)
             for strategy in ("dp", "fsdp", "3d"):
                 r = step.step(strategy, shape, c)  # the plan's bytes and seconds, the overlap bound
                 rows.append(dict(r, model=name))
-    return rows
+    return rows, refused
 
 
 def paper(ctx, args, classes, yours):
     """Sections 1-3, one process's arithmetic: (figures, misses, step rows, dry runs by model)."""
     figures, misses = figure_rows(links.FIGURES), figure_rows(links.MISSES)
-    steps = step_rows(args, classes)
+    steps, refused = step_rows(args, classes)
     counted = {name: dry.dry_run(shape, DRY_WORLD) for name, shape in step.SHAPES.items()}
     if ctx.rank == 0:
         report.section(ctx, "1. a cluster from its data sheet, against published all-reduce busbw")
@@ -127,7 +127,7 @@ def paper(ctx, args, classes, yours):
         show.figures(figures, misses)
         report.section(ctx, "2. a training step at scale, on paper" +
                        (" (your cluster)" if yours else " (8 x H100 a node, 8 x 400G NICs)"))
-        show.steps(steps, args.gpus_per_node)
+        show.steps(steps, args.gpus_per_node, refused)
         report.section(ctx, f"3. the same step dry-run at {DRY_WORLD} ranks in one process (common/counting.py)")
         show.dry_runs(counted)
     return figures, misses, steps, counted
@@ -135,14 +135,16 @@ def paper(ctx, args, classes, yours):
 
 def flags():
     parser = bootstrap.lesson_parser(__file__, __doc__)
-    parser.add_argument("--gpus-per-node", type=bootstrap.positive(int), default=8, metavar="G")
-    parser.add_argument("--nodes", type=bootstrap.positive(int), default=None, metavar="M",
-                        help="nodes of your cluster (section 5; default: not shown)")
-    parser.add_argument("--intra-GBps", type=bootstrap.positive(float), default=None, metavar="X",
-                        help="each GPU's link into the node, one direction, GB/s (default NVLink 4: 450)")
-    parser.add_argument("--nic-Gbps", type=bootstrap.positive(float), default=None, metavar="Y",
-                        help="one NIC's line rate, Gb/s (default 400: NDR)")
-    parser.add_argument("--nics-per-node", type=bootstrap.positive(int), default=8, metavar="K")
+    parser.add_argument("--gpus-per-node", type=bootstrap.positive(int, most=4096), default=8, metavar="G",
+                        help="GPUs of one node, sharing its NVLink (sections 2 and 5; default 8)")
+    parser.add_argument("--nodes", type=bootstrap.positive(int, most=10 ** 6), default=None, metavar="M",
+                        help="nodes of your cluster (section 5, and a row of section 2; default: not shown)")
+    parser.add_argument("--intra-GBps", type=bootstrap.positive(float, least=1e-3, most=1e6), default=None,
+                        metavar="X", help="each GPU's link into the node, one direction, GB/s (default NVLink 4: 450)")
+    parser.add_argument("--nic-Gbps", type=bootstrap.positive(float, least=1e-3, most=1e6), default=None,
+                        metavar="Y", help="one NIC's line rate, Gb/s (default 400: NDR)")
+    parser.add_argument("--nics-per-node", type=bootstrap.positive(int, most=4096), default=8, metavar="K",
+                        help="NICs of one node, shared by its GPUs' rings across nodes (default 8)")
     parser.add_argument("--size", type=bandwidth.parse_size, default=1 << 30, metavar="BYTES",
                         help="section 5's all-reduce size (default 1G)")
     return parser
@@ -150,7 +152,8 @@ def flags():
 
 def main():
     args, ctx = bootstrap.start(__file__, flags())
-    yours = any(v is not None for v in (args.nodes, args.intra_GBps, args.nic_Gbps))
+    yours = any(v is not None for v in (args.nodes, args.intra_GBps, args.nic_Gbps)) or \
+        (args.gpus_per_node, args.nics_per_node) != (8, 8)
     args.nodes = args.nodes or 1
     classes = link_classes(args)                                  # the data sheets' links, and yours
     figures, misses, steps, counted = paper(ctx, args, classes, yours)  # 1-3. priced, stepped, dry-run

@@ -2,6 +2,7 @@
 torch's own FSDP2 and tensor-parallel plans under torch's fake process group (the `torch` marker: it
 imports torch). The lesson's runs are in test_lessons.py, its wrong answers in
 tests/wrong_answers/16_scale_on_paper.yaml."""
+import json
 import math
 import os
 import re
@@ -178,3 +179,61 @@ def test_torch_fake_process_group_counts_what_the_dry_run_counts(tmp_path):
     assert (gathers, scatters) == (d["fsdp_all_gather_calls"], d["fsdp_reduce_scatter_calls"]) == (9, 5)
     per_block_per_micro = d["tp_allreduce_calls"] / (d["micro"] * (shape["layers"] // d["pp"]))
     assert allreduces == 4 * per_block_per_micro == 16
+
+
+# ---- every shape a cluster has (issue 38 M4: 6 GPUs a node priced nothing, and five checks "got nothing")
+
+@pytest.mark.parametrize("gpus_per_node", [1, 3, 6, 8, 12, 72])
+@pytest.mark.parametrize("nodes", [None, 4])
+def test_every_node_shape_gets_its_step_table(gpus_per_node, nodes):
+    from common import bootstrap
+    worlds, refused = step.worlds(bootstrap.lesson_module("16").WORLDS, gpus_per_node, nodes)
+    assert worlds and not refused and all(w % gpus_per_node == 0 for w in worlds), (worlds, refused)
+    assert not nodes or gpus_per_node * nodes in worlds  # your own cluster is a row
+    for world in worlds:
+        for s in step.SHAPES.values():
+            tp, pp, dp = step.layout(world, gpus_per_node, s)
+            assert tp * pp * dp == world and gpus_per_node % tp == 0, (world, tp, pp, dp)
+            assert s["heads"] % tp == 0 == s["kv_heads"] % tp and s["layers"] % pp == 0, (tp, pp)
+
+
+def test_a_world_no_plan_can_take_is_said_not_dropped():
+    worlds, refused = step.worlds([8], 6, 4608)  # Summit whole: 27648 GPUs
+    assert worlds == [6] and list(refused) == [27648], (worlds, refused)
+    assert "less than one of the step's 1024 sequences" in refused[27648]
+
+
+@pytest.mark.parametrize("flags", [["--gpus-per-node", "6", "--nodes", "4"], ["--gpus-per-node", "3"],
+                                   ["--gpus-per-node", "12", "--nics-per-node", "4"],
+                                   ["--gpus-per-node", "6", "--nodes", "4608"]], ids=" ".join)
+def test_lesson_16_prices_the_shape_it_is_given_and_every_check_has_values(flags, tmp_path):
+    out = tmp_path / "r.json"
+    done = tutor("run", "16", "-n", "1", "--json", str(out), "--", *flags, timeout=180)
+    said = done.stdout[-3000:] + done.stderr
+    doc = json.loads(out.read_text())
+    assert done.returncode == 0 and doc["status"] == "pass", said
+    empty = [c["name"] for c in doc["checks"] if c["got"] == "nothing"]
+    assert not empty, empty
+    g = int(flags[1])
+    rows = doc["summary"]["step"]
+    assert rows and all(r["gpus_per_node"] == g and r["world"] % g == 0 for r in rows), said
+    assert all(r["tp"] * r["pp"] * r["dp"] == r["world"] for r in rows if r["strategy"] == "3d")
+    assert "(your cluster)" in done.stdout and "8 x H100 a node" not in done.stdout
+    if "4608" in flags:
+        assert "not priced: on 27648 GPUs" in done.stdout, said
+
+
+@pytest.mark.parametrize("flag, value", [("--nic-Gbps", "5e-324"), ("--intra-GBps", "1e300"),
+                                         ("--gpus-per-node", "100000")])
+def test_a_rate_or_shape_past_any_cluster_is_one_line(flag, value):
+    done = tutor("run", "16", "-n", "1", "--", flag, value, timeout=120)
+    said = done.stdout + done.stderr
+    assert done.returncode == 2 and f"{flag}: expected a number from" in said, said
+    assert "Traceback" not in said and "ZeroDivisionError" not in said
+
+
+def test_lesson_16s_help_explains_every_flag():
+    done = tutor("run", "16", "--", "--help", timeout=60)
+    for flag in ("--gpus-per-node G", "--nics-per-node K", "--nodes M", "--size BYTES"):
+        line = next(text for text in done.stdout.splitlines() if text.strip().startswith(flag))
+        assert len(line.strip()) > len(flag) + 5, line  # a word of what it is, on its own line

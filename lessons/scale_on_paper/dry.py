@@ -68,7 +68,7 @@ def dry_run(s, world):
             if i > 0:  # the root stays gathered from forward to backward (torch's _fsdp_state.py:
                 fsdp.all_gather(ghost(sh * world), ghost(sh))  # "For the root, do not reshard after forward")
             fsdp.reduce_scatter(ghost(sh), ghost(sh * world))
-    tp_n, pp_n, dp_n = layout(world)
+    tp_n, pp_n, dp_n = layout(world, s=s)
     micro, act = SEQS // dp_n, SEQ * s["d"]
     tp, pp, dp3 = (counting.Counted(Nothing(), k) for k in (tp_n, pp_n, dp_n))
     stage, x = min(1, pp_n - 1), ghost(act)  # a middle stage talks both ways

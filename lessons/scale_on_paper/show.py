@@ -59,12 +59,16 @@ def figures(rows, misses):
 
 # ---- section 2: a training step -----------------------------------------------------------------
 
-def steps(rows, gpus_per_node):
+def steps(rows, gpus_per_node, refused=None):
+    tps = "/".join(str(t) for t in sorted({r["tp"] for r in rows if r["strategy"] == "3d"}))
     say(f"{step.SEQS} sequences of {step.SEQ} tokens per step at any GPU count; bf16 on the wire; "
         f"compute at {step.FLOPS / 1e12:.1f} TFLOP/s per GPU (H100 BF16 dense peak, "
         f"{short(step.FLOPS_SOURCE)}): the least it can take, so the hardest to hide behind. "
-        f"3D: TP {min(step.TP, gpus_per_node)} in a node, PP up to {step.PP} stages across nodes, "
-        f"DP the rest; {gpus_per_node} GPUs a node")
+        f"3D: TP {tps or '-'} in a node (its GPUs and the heads split evenly, at most {step.TP}), PP up "
+        f"to {step.PP} stages across nodes (the layers split evenly), DP the rest; {gpus_per_node} GPUs "
+        "a node, GPU counts in whole nodes")
+    for world, why in (refused or {}).items():  # a count no plan can take is said, not dropped
+        say(f"not priced: {why}")
     body = []
     for r in rows:
         if r["strategy"] == "dp":  # the faster of the two DP prices

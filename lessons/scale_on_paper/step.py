@@ -40,11 +40,35 @@ def params(s):
     return s["layers"] * layer_params(s) + 2 * s["vocab"] * s["d"] + s["d"]  # + embeddings, head, norm
 
 
-def layout(world, gpus_per_node=8):
-    """(tp, pp, dp) of the 3D plan on `world` GPUs: tensor parallelism never leaves a node."""
-    tp = min(TP, world, gpus_per_node)
-    pp = max(1, min(PP, world // tp))
+def layout(world, gpus_per_node=8, s=None):
+    """(tp, pp, dp) of the 3D plan on `world` GPUs, tp x pp x dp = world: tensor parallelism never
+    leaves a node and splits the heads evenly (at most TP); the stages split the layers evenly (at most
+    PP); data parallelism takes the rest. On 6 GPUs a node (Summit's), 32 heads: TP 2."""
+    def largest(n, most, *shares):  # the largest divisor of n, at most `most`, dividing each share
+        return max(k for k in range(1, min(n, most) + 1) if n % k == 0 and all(x % k == 0 for x in shares))
+    s = s or SHAPES["8B"]
+    tp = largest(math.gcd(world, gpus_per_node), TP, s["heads"], s["kv_heads"])
+    pp = largest(world // tp, PP, s["layers"])
     return tp, pp, world // (tp * pp)
+
+
+def priced(world, gpus_per_node=8):
+    """None when every plan can be priced on `world` GPUs, else why not (one line): 3D's data-parallel
+    replicas must each get at least one of the step's SEQS sequences."""
+    dp = max(layout(world, gpus_per_node, s)[2] for s in SHAPES.values())
+    if dp > SEQS:
+        return (f"on {world} GPUs, 3D's {dp} data-parallel replicas would each get less than one of the "
+                f"step's {SEQS} sequences")
+    return None
+
+
+def worlds(wanted, gpus_per_node, nodes=None):
+    """The GPU counts section 2 prices: each wanted count rounded to whole nodes (at least one), and
+    the learner's own cluster (`nodes`) where given; those no plan can take go to `refused` with why."""
+    counts = {gpus_per_node * max(1, round(w / gpus_per_node)) for w in wanted}
+    counts |= {gpus_per_node * nodes} if nodes else set()
+    refused = {w: priced(w, gpus_per_node) for w in sorted(counts) if priced(w, gpus_per_node)}
+    return [w for w in sorted(counts) if w not in refused], refused
 
 
 def plan(strategy, s, world, gpus_per_node=8):
@@ -58,7 +82,7 @@ def plan(strategy, s, world, gpus_per_node=8):
         return dict(comm_bytes=(n - 1) / n * BYTES * (3 * blocks + 2 * (p - blocks)), state_gb=STATE * p / n / 1e9,
                     calls=(2 * s["layers"] + 1) + (s["layers"] + 1),  # all-gathers + reduce-scatters, a unit each
                     block_params=blocks, root_params=p - blocks)
-    tp, pp, dp = layout(world, gpus_per_node)
+    tp, pp, dp = layout(world, gpus_per_node, s)
     micro = SEQS // dp
     act = SEQ * s["d"] * BYTES  # one microbatch's activation at a layer boundary
     # calls that move something (a group of one sends nothing); pp: a middle stage's sends
