@@ -3,17 +3,26 @@ fingerprint (#k, op, dtype, count, root, communicator) and stop at the first mis
 hanging, as TORCH_DISTRIBUTED_DEBUG=DETAIL does for torch alone; here for mpi4py and torch alike.
 
 The fingerprints travel over MPI, point to point among the ranks the call names, on a duplicate of
-the world (so they never match a lesson's own messages), non-blocking: a rank that never comes (it
-skipped the call, or is in another communicator's) is caught after WAIT_S seconds. Either way
-the rank raises CollectiveMismatch, mpi4py ends every rank, and the runner's diagnosis reads the
-flight records as after any hang. Cost: 2(N-1) small messages per collective (lesson 14 measures it).
+the world (so they never match a lesson's own messages), non-blocking. A fingerprint that differs
+stops the run at once. A rank that has not come is slow, not stuck, until its flight record says
+otherwise (lesson 14): every WAIT_S the waiting rank reads the absent rank's record in the run folder,
+and stops only when that rank waits in another call, nothing moving, or is gone. Without a record to
+read (a run by hand, another node's), it waits ALONE_WAIT_S. Either way the rank raises
+CollectiveMismatch naming the lesson's line, mpi4py ends every rank, and the runner's diagnosis reads
+the flight records as after any hang. Cost: 2(N-1) small messages per collective (lesson 14 measures it).
 """
+import os
 import struct
+import sys
 import time
+import types
 
 import numpy as np
 
-WAIT_S = 1.5  # a rank that has not come by then is not coming: stop in under 2 s
+from common import flight
+
+WAIT_S = 1.5        # how often an absent rank's record is read: one waiting elsewhere stops the run then
+ALONE_WAIT_S = 30.0  # with no record to read, the wait before a rank that has not come is called stuck
 FP = struct.Struct("<qqi16s8s24s")  # seq, count, root, op, dtype, comm
 TAG = 0x7C0C  # on the checker's own duplicate of the world: no lesson message can match it
 
@@ -41,18 +50,78 @@ class Checker:
         got = np.empty((len(others), FP.size), np.uint8)
         reqs = [w.Isend(mine, dest=r, tag=TAG) for r in others]
         reqs += [w.Irecv(got[i], source=r, tag=TAG) for i, r in enumerate(others)]
-        deadline, spins = time.monotonic() + WAIT_S, 0
+        start = time.monotonic()
+        deadline, spins, seen = start + WAIT_S, 0, {}
         while not self.testall(reqs):
             spins += 1
             if spins > 200:  # past a quick spin, sleep a little between tests
                 if time.monotonic() > deadline:
-                    raise CollectiveMismatch(f"--debug-collectives: not every rank of {comm} came to {op} "
-                                             f"#{seq} within {WAIT_S:g} s")
+                    absent = [r for r, q in zip(others, reqs[len(others):]) if q]  # a done request is null
+                    why = stuck(absent, seen, time.monotonic() - start)
+                    if why:
+                        raise at_call(f"--debug-collectives: {comm} {op} #{seq}: {why}")
+                    deadline = time.monotonic() + WAIT_S
                 time.sleep(0.00005)
         prints = dict(zip(others, (FP.unpack(bytes(g)) for g in got)))
         prints[me] = FP.unpack(bytes(mine))
         if len(set(prints.values())) > 1:
-            raise CollectiveMismatch(f"--debug-collectives: {comm} #{seq}: " + differ(prints, me))
+            raise at_call(f"--debug-collectives: {comm} #{seq}: " + differ(prints, me))
+
+
+def stuck(absent, seen, waited):
+    """Why the absent ranks are not coming (one line), or None while one may still come (slow, not
+    stuck). seen: {rank: its record's write count when last read}, kept between calls."""
+    run_dir = os.environ.get("TUTOR_RUN_DIR")
+    for r in absent:
+        head, entries = None, []
+        if run_dir:
+            try:
+                with open(os.path.join(run_dir, f"rank{r}.flight"), "rb") as f:
+                    head, entries = flight.parse(f.read())
+            except OSError:
+                pass
+        if head is None:  # nothing to read: only the clock can tell
+            if waited >= ALONE_WAIT_S:
+                return (f"rank {r} has not come within {ALONE_WAIT_S:g} s (no flight record here to tell "
+                        "slow from stuck)")
+            continue
+        if not _alive(head["pid"]):
+            return f"rank {r} has not come, and its process is gone"
+        last = max(entries, key=lambda e: e["t0"]) if entries else None
+        still = seen.get(r) == head["writes"]
+        seen[r] = head["writes"]
+        if still and last and last["state"] == "started":  # waiting in another call, nothing moving
+            where = f", {last['site']}" if last["site"] else ""
+            return (f"rank {r} has not come: it waits in {last['op']} #{last['seq']} on {last['comm']}"
+                    f"{where}")
+    return None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:  # a zombie has exited: it runs nothing more
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def at_call(message):
+    """CollectiveMismatch whose innermost traceback entry is the lesson's line that made the call (the
+    first frame outside common/), so the traceback and the runner's `rank R failed: ... (file:line)`
+    name it, not this file. The frames between stay above it, as Python prints them."""
+    exc = CollectiveMismatch(message)
+    f = sys._getframe(1)
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == flight.HOME:
+        f = f.f_back
+    if f is not None:
+        exc.__traceback__ = types.TracebackType(None, f, f.f_lasti, f.f_lineno)
+    return exc
 
 
 def differ(prints, me):

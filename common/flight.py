@@ -18,6 +18,7 @@ Without a run folder the same ring lives in memory (the lesson can still read it
 common/runner/flightwatch.py reads the files, common/runner/diagnose.py names the first divergence;
 common/collcheck.py is --debug-collectives.
 """
+import errno
 import json
 import mmap
 import os
@@ -42,9 +43,11 @@ class Recorder:
         self.pid, self.off = os.getpid(), False
         if path:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.ftruncate(fd, SIZE)
-            self.buf = mmap.mmap(fd, SIZE)
-            os.close(fd)
+            try:
+                _reserve(fd, path)
+                self.buf = mmap.mmap(fd, SIZE)
+            finally:
+                os.close(fd)
         else:
             self.buf = bytearray(SIZE)
         self.index = 0
@@ -104,6 +107,28 @@ class Recorder:
 
     def entries(self):
         return parse(bytes(self.buf))[1]
+
+
+class NoRoom(OSError):
+    """The run folder's disk cannot hold a recorder: one line, where a write into the mapped file
+    would have killed the rank with SIGBUS."""
+
+
+def _reserve(fd, path):
+    """Give the file its SIZE bytes on disk now: a page of a mapped file that the disk has no room for
+    is a SIGBUS at the first write, not an error. NoRoom names the space needed."""
+    try:
+        os.ftruncate(fd, SIZE)
+        try:
+            os.posix_fallocate(fd, 0, SIZE)
+        except (AttributeError, OSError) as exc:  # no fallocate here (macOS, some file systems): write
+            if isinstance(exc, OSError) and exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            os.pwrite(fd, bytes(SIZE), 0)
+    except OSError as exc:
+        os.unlink(path)
+        raise NoRoom(f"no room for this rank's flight recorder ({-(-SIZE // 1024)} KiB) in "
+                     f"{os.path.dirname(path)}: {exc.strerror}; free some space, or set TMPDIR elsewhere") from None
 
 
 class _Call:

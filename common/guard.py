@@ -148,8 +148,12 @@ def note(path, kind):
             doc[os.path.realpath(path)] = [kind, *_fingerprint(path)]
             doc = dict(list(doc.items())[-KEEP:])
             fd, tmp = tempfile.mkstemp(prefix=".written-", dir=_state_dir())
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, indent=1)
-            os.replace(tmp, ledger)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(doc, f, indent=1)
+                os.replace(tmp, ledger)
+            except BaseException:  # a full disk: no half-written ledger left behind
+                os.unlink(tmp)
+                raise
     except OSError:
         pass

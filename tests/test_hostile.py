@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from common import guard, plot, report
+from common import flight, guard, plot, report
 from conftest import FIXTURES, ROOT, TUTOR, end_marked, processes_running, tutor
 from test_practice import PRACTICE_FIXTURES
 from test_robust import one_line_error
@@ -338,3 +338,95 @@ def test_processes_running_sees_only_this_suites_processes():
         for p in (mine, theirs):
             p.kill()
             p.wait()
+
+
+# ---- issue 38: a full temp folder, a state folder that is full or a file (M2, L1, L2) ---------------
+
+@namespaced
+def test_a_nearly_full_temp_folder_is_one_line_before_the_launch(tmp_path):
+    """8 KiB free in TMPDIR, where the run folder goes: each rank's flight recorder is a mapped file,
+    and a page the disk had no room for killed the rank with SIGBUS. Now: blocked, one line, nothing run."""
+    d = tmp_path / "tmp"
+    d.mkdir()
+    proc = in_namespace(f"mount -t tmpfs -o size=64k none {d} && dd if=/dev/zero of={d}/fill bs=1k count=56 "
+                        f"2>/dev/null; TMPDIR={d} $TUTOR run 1 -n 2", env=FIX)
+    one_line_error(proc, "blocked: TMPDIR has 8 KiB free, 2 ranks need", "KiB", "free some space", code=4)
+    assert "$ " not in proc.stdout and "SIGBUS" not in proc.stdout + proc.stderr
+
+
+def test_the_space_a_run_needs_is_counted_before_the_launch(monkeypatch, tmp_path):
+    """Without root (no tmpfs of our own): statvfs is made to report the free space; this checks the
+    arithmetic and the line, the namespaced test above the real disk."""
+    from common.runner import preflight
+    real = os.statvfs(tmp_path)
+    for free_blocks, refused in ((2, True), (10 ** 6, False)):
+        fake = os.statvfs_result((*real[:4], free_blocks, *real[5:]))  # f_bavail
+        monkeypatch.setattr(preflight.os, "statvfs", lambda path, fake=fake: fake)
+        if refused:
+            with pytest.raises(preflight.Blocked, match=r"has \d+ KiB free, 4 ranks need \d+ KiB"):
+                preflight.check_space(4, str(tmp_path))
+        else:
+            preflight.check_space(4, str(tmp_path))
+    assert preflight.space_needed(4) > 4 * flight.SIZE
+
+
+@namespaced
+def test_a_recorder_that_finds_the_disk_full_says_so_instead_of_sigbus(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    code = f"from common import flight; flight.Recorder(0, '{d}/rank0.flight')"
+    proc = in_namespace(f"mount -t tmpfs -o size=64k none {d} && {FILL.format(d=d)}; "
+                        f"PYTHONPATH={ROOT} {sys.executable} -c \"{code}\"")
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)  # -7 (SIGBUS) before
+    assert "NoRoom: no room for this rank's flight recorder (10 KiB)" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("command", ["hint 01", "practice 01"])
+def test_a_state_folder_that_is_a_file_is_one_line_and_writes_nothing(tmp_path, command):
+    state = tmp_path / "state"
+    state.write_text("a file, not a folder\n")
+    proc = tutor(*command.split(), env={"TUTOR_LESSONS": PRACTICE_FIXTURES, "TUTOR_PRACTICE": str(tmp_path / "p"),
+                                        "TUTOR_STATE": str(state / "sub")})
+    one_line_error(proc, str(state / "sub"), "TUTOR_STATE")  # the line is practice.py's: width not asked
+    assert proc.returncode == 2 and not (tmp_path / "p").exists() and state.read_text() == "a file, not a folder\n"
+
+
+@namespaced
+@pytest.mark.parametrize("command", ["hint 01", "practice 01"])
+def test_a_full_state_folder_is_one_line_and_writes_nothing(tmp_path, command):
+    d = tmp_path / "state"
+    d.mkdir()
+    proc = in_namespace(f"mount -t tmpfs -o size=64k none {d} && {FILL.format(d=d)}; $TUTOR {command}; "
+                        f"echo rc=$? >&2; ls -A {d} >&2",
+                        env={"TUTOR_LESSONS": PRACTICE_FIXTURES, "TUTOR_PRACTICE": str(tmp_path / "p"),
+                             "TUTOR_STATE": str(d)})
+    assert "Traceback" not in proc.stderr and "rc=2" in proc.stderr, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith(f"tutor: {d}: No space left") and "nothing was changed" in first, proc.stderr
+    assert not (tmp_path / "p").exists()  # the copy is not written when its progress cannot be
+
+
+def test_progress_that_cannot_be_saved_is_one_line_for_every_caller(tmp_path, monkeypatch):
+    """progress.change raises Unsaved: a PracticeError for hint and practice, an OSError (with its
+    strerror) for check --mine, which catches those."""
+    from common.runner import catalog, practice, progress
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TUTOR_STATE", str(tmp_path / "file" / "state"))
+    with pytest.raises(practice.PracticeError) as caught:
+        progress.update(catalog.resolve("01", PRACTICE_FIXTURES), state="in progress")
+    assert isinstance(caught.value, OSError) and caught.value.strerror, caught.value
+    assert "could not save your progress" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@namespaced
+def test_an_output_flag_with_a_full_state_folder_leaves_no_temp_file_there(tmp_path):
+    """The ledger of written files (common/guard.py) could not be written: the file itself was, and
+    nothing of the ledger's temp file may stay behind (issue 38 L2)."""
+    d = tmp_path / "state"
+    d.mkdir()
+    out = tmp_path / "r.csv"
+    proc = in_namespace(f"mount -t tmpfs -o size=64k none {d} && {FILL.format(d=d)}; "
+                        f"$TUTOR run 05 -n 2 -- --csv {out}; echo LEFT: $(ls -A {d})", env={"TUTOR_STATE": str(d)})
+    assert out.exists() and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr
+    left = proc.stdout.split("LEFT:")[-1].split()
+    assert "fill" in left and not [n for n in left if n.startswith(".written-")], left

@@ -83,6 +83,17 @@ def test_a_missing_library_is_blocked(monkeypatch):
     engine.needs(lesson, 2, "mpi4py", "cpu")  # the MPI path needs no torch
 
 
+@pytest.mark.parametrize("module", ["mpi4py", "numpy"])
+def test_a_python_without_mpi4py_is_blocked_before_the_launch(monkeypatch, module):
+    """TUTOR_PYTHON without mpi4py was launched anyway, and MPI's abort banner hid the ImportError
+    (issue 38 L6): needs() looks it up (find_spec, made to miss it here) and says so in one line."""
+    lesson = catalog.resolve("01", FIXTURES)
+    real = preflight.importlib.util.find_spec
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None if name == module else real(name))
+    with pytest.raises(engine.Blocked, match=f"cannot import {module}, which every lesson needs: .*pip install"):
+        engine.needs(lesson, 2, "mpi4py", "cpu")
+
+
 @pytest.fixture
 def fake_gpu(tmp_path):
     """A stand-in nvidia-smi that lists one GPU, so the NCCL rank-per-GPU rule can be exercised."""
@@ -282,3 +293,56 @@ def test_on_bad_flags_the_other_ranks_leave_only_after_rank_0_said_why(tmp_path)
                            text=True, timeout=30)
     assert first.returncode == 2 and "x: argument --count: invalid int value: 'many'" in first.stderr
     assert other.wait(timeout=5) == 2 and other.stderr.read() == ""  # one line, from rank 0 only
+
+
+# ---- --debug-collectives: slow is not stuck, and the lesson's line is named (issue 38 L10, L11) ----
+
+LATE = """import os, sys, time
+sys.path.insert(0, {root!r})
+import numpy as np
+from common import bootstrap, flight
+args, ctx = bootstrap.start(__file__, bootstrap.lesson_parser(__file__, "one rank late or stuck"))
+from mpi4py import MPI
+rec, buf = flight.get(), np.ones(4)
+if ctx.rank == 1 and {mode!r} == "late":
+    time.sleep({late})  # computing: slow, not stuck
+elif ctx.rank == 1:
+    with rec.call("recv", buf, kind="p2p", peers="0"):  # waits in a call of its own: stuck
+        ctx.comm.Recv(buf, source=0, tag=5)
+with rec.call("all_reduce", buf):
+    ctx.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+print("sum", buf[0], flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["late", "stuck"])
+def test_debug_collectives_waits_for_a_slow_rank_and_stops_a_stuck_one(tmp_path, mode):
+    """A rank 2.2 s late (1.5 s was the old limit) is slow: the run passes. A rank waiting in another
+    call is stuck: the run stops within a few seconds, naming where that rank waits and the script's
+    line of the collective, not common/collcheck.py."""
+    script = tmp_path / f"{mode}.py"
+    script.write_text(LATE.format(root=ROOT, mode=mode, late=2.2))
+    cmd = launch.command(str(script), 2, ["--api", "mpi4py", "--device", "cpu", "--debug-collectives"])
+    outcome = launch.run(cmd, 60, echo=False)
+    said = "\n".join(outcome.tail[-20:]) + str(outcome.errors)
+    assert not outcome.timed_out, said
+    if mode == "late":
+        assert outcome.rc == 0 and "sum 2.0" in said and "CollectiveMismatch" not in said, said
+    else:
+        assert outcome.rc != 0 and outcome.seconds < 20, said
+        line = outcome.errors[0]
+        assert "rank 1 has not come: it waits in recv #1 on world, stuck.py:" in line, line
+        assert line.endswith(f"({os.path.relpath(script, ROOT)}:13)") and "collcheck.py" not in line, line
+
+
+def test_the_test_beds_launcher_line_keeps_a_path_with_a_space_whole(monkeypatch):
+    """`testbed run` in a checkout at '/…/my checkout' said '/…/my is not a program' (issue 38 L5):
+    MPIEXEC is split as a shell splits it, so the bed's line quotes its paths."""
+    import shlex
+    from common.runner import testbed
+    monkeypatch.setattr(testbed, "ROOT", "/home/me/my checkout")
+    bed = testbed.Bed("tutb000000", "tutb000000", [("tutb000000-a", "10.1.2.10"), ("tutb000000-b", "10.1.2.11")],
+                      "/tmp/a folder/ssh", 2)
+    argv = shlex.split(bed.mpiexec)
+    assert argv[:3] == ["/home/me/my checkout/.venv/bin/mpiexec", "-bootstrap-exec", "/tmp/a folder/ssh"], argv
+    assert argv[-2:] == ["UCX_TLS", "tcp,self"]

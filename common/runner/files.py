@@ -9,12 +9,14 @@
   practice/NN_name.py                   the new copy is written first, then the one it replaces is kept
                                         under the first free .bak name (a full disk changes nothing).
 """
+import errno
 import fcntl
 import os
 import tempfile
 from contextlib import contextmanager
 
-from common import guard
+from common import guard, plot
+from common.runner.exercise import PracticeError
 from common.runner.terminal import path_shown
 from common.guard import JUNIT_HEAD, is_junit, is_results_json  # noqa: F401 (used via files.)
 
@@ -29,7 +31,8 @@ class FileError(ValueError):
 def check_target(path, flag, kind=None, ours=None):
     """Raise FileError (one line) unless `path` can take a new `kind` file without losing anything
     (common/guard.py's rule: empty, or the kit's own earlier output of that kind)."""
-    problem = guard.refusal(path, kind or KINDS.get(flag) or OUTPUTS[flag])
+    kind = kind or KINDS.get(flag) or OUTPUTS[flag]
+    problem = plot.cannot_write(path) if kind == "PNG" else guard.refusal(path, kind)
     if problem:
         if problem.endswith("name a file in it"):
             problem += f", e.g. {os.path.join(path, 'results.json' if flag == '--json' else 'junit.xml')}"
@@ -102,11 +105,35 @@ def replace_keeping(path, text, keep):
     return backup
 
 
+class Full(PracticeError):
+    """A folder the learner's files go in has no room left: one line, before anything is written."""
+
+
 def writable(folder):
-    """True when `folder` (or, not made yet, the nearest folder above it) takes a new file."""
-    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+    """True when `folder` (or, not made yet, the nearest folder above it) takes a new file with
+    something in it; False for a path through a file or a folder that takes none. A full disk is
+    Full (one line with the reason): an empty probe file needs no room, so the probe writes a byte."""
+    while not os.path.lexists(folder) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)
-    return guard.cannot_create(folder) is None
+    if not os.path.isdir(folder):
+        return False
+    probe = None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tutor-probe-", dir=folder)
+        try:
+            os.write(fd, b"\n")
+            os.fsync(fd)  # a file system that allocates late says it here
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise Full(f"{path_shown(folder)}: {exc.strerror}; nothing was changed: free some space there, "
+                       "or use another folder") from None
+        return False
+    finally:
+        if probe and os.path.lexists(probe):
+            os.unlink(probe)
+    return True
 
 
 @contextmanager

@@ -3,8 +3,10 @@ the lesson's source (ScriptError, a crash, exit 3), and what this machine must h
 import functools
 import importlib.util
 import os
+import sys
+import tempfile
 
-from common import devices, timing
+from common import devices, flight, timing
 from common.runner import files, schema
 from common.runner.terminal import path_shown
 
@@ -139,9 +141,40 @@ def needs(lesson, np, api, device, force=False):
         if local > n:
             raise Blocked(f"{np} ranks, {n} GPU(s) here: NCCL needs one GPU per rank; lower -n or use "
                           "--device cpu")
+    for base in ("mpi4py", "numpy"):  # every lesson's: else the ranks die at import, under MPI's banner
+        if importlib.util.find_spec(base) is None:
+            raise Blocked(f"{path_shown(sys.executable)} cannot import {base}, which every lesson needs: "
+                          f"install it there (pip install {base})")
+    check_space(np)
     wanted = (["torch"] if api == "torch" else []) + (["cupy"] if gpu and api == "mpi4py" else [])
     missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing:
         other = "use --api mpi4py" if "torch" in missing else "use --device cpu"
         raise Blocked(f"this Python cannot import {missing[0]} (for {'--api torch' if missing[0] == 'torch' else '--device gpu'}); "
                       f"install it or {other}")
+
+
+RUN_FILES_B = 64 << 10  # beside the ranks' files: the results JSON, the launcher's (hydra's hwloc XML)
+
+
+def space_needed(np, block=4096):
+    """Bytes a run of np ranks takes in its run folder: each rank's flight recorder (common/flight.py,
+    a file mapped into memory) and its pid and stack files, in whole blocks, and the run's own files."""
+    per_rank = (-(-flight.SIZE // block) + 2) * block
+    return np * per_rank + RUN_FILES_B
+
+
+def check_space(np, folder=None):
+    """Blocked (one line) when the temp folder the run folder goes in has too little room: a rank whose
+    mapped flight recorder finds the disk full is killed by SIGBUS, with no word of why."""
+    folder = folder or tempfile.gettempdir()
+    try:
+        fs = os.statvfs(folder)
+    except (OSError, AttributeError):  # no statvfs (Windows) or no folder: the run says what it finds
+        return
+    block = fs.f_frsize or fs.f_bsize or 4096
+    need, free = space_needed(np, block), fs.f_bavail * block
+    if free < need:
+        where = "TMPDIR" if os.environ.get("TMPDIR") else path_shown(folder)  # the path may be long
+        raise Blocked(f"{where} has {free >> 10} KiB free, {np} rank{'s' * (np > 1)} need {need >> 10} KiB "
+                      "(flight recorders): free some " + ("space" if where == "TMPDIR" else "or set TMPDIR"))

@@ -17,6 +17,7 @@ import ipaddress
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -52,7 +53,8 @@ class Bed:
     def mpiexec(self):
         hosts = ",".join(f"{addr}:{self.per_node}" for _, addr in self.nodes)
         venv = os.path.join(ROOT, ".venv", "bin", "mpiexec")
-        return (f"{venv} -bootstrap-exec {self.script} -iface {self.bridge} -hosts {hosts} "
+        # quoted: MPIEXEC is split as a shell would (a checkout at ~/my work must stay one word)
+        return (f"{shlex.quote(venv)} -bootstrap-exec {shlex.quote(self.script)} -iface {self.bridge} -hosts {hosts} "
                 "-genv UCX_TLS tcp,self")
 
     def mpirun(self, program):
