@@ -41,7 +41,7 @@ COUNT = 10          # items in the uneven all-gather (10 over 4 ranks: 3, 3, 2, 
 VOCAB = 32000       # length of the sharded logit / gradient vectors
 SCALE = 1000.0      # logits are uniform in [-scale, 0.99*scale]; the one at vocab//2 is +scale
 MAX_NORM = 1.0      # gradient clipping threshold, as in clip_grad_norm_(params, max_norm)
-MAGNITUDES = (1e-30, 1e-22, 1.0, 1e30)  # gradient sizes: squares round to 0, subnormal, normal, inf
+MAGNITUDES = (0.0, 1e-30, 1e-22, 1.0, 1e30)  # all zero; squares round to 0, subnormal, normal, inf
 SEED = 4            # every rank draws the same full logit vector, then keeps its shard
 SHOWN = 12          # a list of up to this many items prints whole; a longer one is shortened
 HANDED = [0]        # bytes this rank has handed to collectives so far (what it asked them to move)
@@ -87,7 +87,8 @@ def naive_softmax(ctx, x):
 
 
 def distributed_l2(ctx, g):
-    """||g|| over all ranks' shards, safe for any float32 g: squares of g/max|g| lie in [0, 1]."""
+    """||g|| over all ranks' shards, right for any finite float32 g, all zeros included: no square may
+    overflow or round to 0 (section 3's table shows the naive sum of squares doing both)."""
     # >>> exercise: l2_norm
     scale = allreduce(ctx, np.array([np.max(np.abs(g), initial=0)], g.dtype), "max")[0]
     if scale == 0:  # scale is global, so every rank takes this branch together
@@ -317,7 +318,7 @@ def main():
         "allgatherv_n": int(uneven.size),
         "allgatherv_wsum": float((np.arange(uneven.size) * uneven).sum()),
         **softmax,
-        "l2_tiny": norms[1e-30][0], "l2_subnormal": norms[1e-22][0], "l2_one": norms[1.0][0],
+        "l2_zero": norms[0.0][0], "l2_tiny": norms[1e-30][0], "l2_subnormal": norms[1e-22][0], "l2_one": norms[1.0][0],
         "l2_huge": norms[1e30][0],
         "naive_l2_tiny": norms[1e-30][1], "naive_l2_huge_finite": bool(np.isfinite(norms[1e30][1])),
         "clip": clip, "elem_p0": float(pr[0]), "elem_colsum_err": float(np.max(np.abs(col - 1)))},

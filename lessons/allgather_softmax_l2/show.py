@@ -40,7 +40,8 @@ def squares_in_float32(ctx, g):
 
 def norm_row(ctx, mag, g, robust, plain, exact):
     """One row of the norm table (collective: the squares are counted over all ranks)."""
-    rel = [abs(v - exact) / exact if np.isfinite(v) else float("inf") for v in (robust, plain)]
+    rel = [abs(v - exact) / exact if np.isfinite(v) and exact else 0.0 if v == exact else float("inf")
+           for v in (robust, plain)]  # a zero gradient's norm is right only as 0 (nan is not)
     return (f"{mag:g}", squares_in_float32(ctx, g), robust, f"{rel[0]:.1e}", plain, f"{rel[1]:.1e}")
 
 
