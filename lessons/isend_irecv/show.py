@@ -19,7 +19,9 @@ def hazards(ctx, found):
     def tally(i):
         return ", ".join(f"{what} on {k}" for what, k in sorted(Counter(f[i] for f in found).items()))
     # up to three outcomes per line: labels kept short so a line fits 100 columns at any NP < 1000
-    print(f"what each rank's buffer held, ranks counted ({ctx.world_size} in all):\n"
+    print(f"what each rank's buffer held, ranks counted ({ctx.world_size} in all); old: what it held when the\n"
+          "request was posted (-1s to receive into, 1s to send); new: the left neighbour's message (a\n"
+          "receive), or the 2s written over the send buffer after posting (a send):\n"
           f"a posted receive buffer, read right after posting: {tally(0)}\n"
           f"  read after a barrier (the send posted), before the wait: {tally(1)}\n"
           f"  read after the wait: {tally(2)}\n"
@@ -35,23 +37,27 @@ def hazards(ctx, found):
               "the standard forbids writing a posted send buffer\nbefore its wait.", flush=True)
 
 
-def overlap(ctx, times, overlaps, slices, child, d_reason, seen, overlap_of):
-    """The overlap table, (d)'s own job or why it did not run, why (for this transport), and what was seen."""
+def overlap(ctx, times, hidden, noise, slices, child, d_reason, seen):
+    """The overlap table, what `hidden` means and this run's noise, (d)'s own job or why it did not run,
+    why (for this transport), and what was seen."""
     if ctx.rank != 0:
         return
     t_a = mode(times, "(a)")
     rows = [[m, round(t * 1e6, 1), f"{t / t_a:.2f}" if m.startswith("(") else "",
-             f"{overlaps[m[:3]]:+.2f}" if m.startswith("(") else ""] for m, t in times.items()]
+             (f"{hidden[m[:3]]:+.2f}" + ("*" if m.startswith("(d)") else "")) if m.startswith("(") else ""]
+            for m, t in times.items()]
     print(f"compute = {slices} slice(s), calibrated to last about as long as the exchange;\n"
           "rounds interleave the modes")
-    print(report.table(["mode", "time us", "x (a)", "overlap"], rows, align=[False, True, True, True]))
-    print("overlap = (comm + compute - time) / min(comm, compute): 0 none, 1 all hidden. (a) cannot\n"
-          f"overlap, so its value ({overlaps['(a)']:+.2f}) is how far off this measure is in this run.")
+    print(report.table(["mode", "time us", "x (a)", "hidden"], rows, align=[False, True, True, True]))
+    print("hidden = ((a) - time) / min(comm only, compute only): the share of the shorter part a mode\n"
+          "saved against (a), which does one after the other. 1: all of it; 0: none; below 0: the mode\n"
+          "was slower than (a), the exchange and the compute got in each other's way.\n"
+          f"noise: (a) should take comm only + compute only; it was off by {noise:.2f} of the shorter part,\n"
+          "so a hidden within that (and a margin) says nothing.")
     if child:
         ct = child["times"]
-        print(f"(d) ran as a job of its own: its overlap is against that job's comm only "
-              f"{ct['comm only'] * 1e6:.0f} us and compute\nonly {ct['compute only'] * 1e6:.0f} us "
-              f"(its control (a): {overlap_of(mode(ct, '(a)'), ct['comm only'], ct['compute only']):+.2f}); "
+        print(f"(d)*: a job of its own, against its own (a) {mode(ct, '(a)') * 1e6:.0f} us (comm only "
+              f"{ct['comm only'] * 1e6:.0f} us,\ncompute only {ct['compute only'] * 1e6:.0f} us); "
               f"its time is {mode(times, '(d)') / mode(times, '(b)'):.2f} x (b)'s.")
     else:
         print(text.wrapped(f"(d) {d_reason}"))
