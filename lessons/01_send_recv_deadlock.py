@@ -11,8 +11,8 @@ What to watch for:
      receiver), large ones wait for the receiver (rendezvous). The lesson measures the largest
      head-to-head Send that completes with no receive posted: a setting of the MPI library and its
      transport, not a law. By the standard any Send may block until matched.
-  4. three fixes for the ring, each verified and timed: order by rank parity (the exercise, below:
-     even ranks send first, odd ranks receive first), Sendrecv, and Isend/Irecv + Waitall. The parity
+  4. three fixes for the ring, each verified and timed: an order of the blocking calls chosen by
+     each rank's parity (the exercise, below), Sendrecv, and Isend/Irecv + Waitall. The parity
      fix first runs on a communicator that buffers nothing, so an order that only works thanks to
      eager buffering fails with a clear error, on any MPI and at any size.
   torch: dist.send is isend(...).wait(); whether gloo buffers is measured. NCCL: a send waits on the
@@ -51,8 +51,8 @@ def pattern(owner, count):
 
 
 def parity_mpi(comm, buf, got, left, right):
-    """Even ranks send then receive, odd ranks receive then send: every Ssend meets a Recv.
-    (comm.Ssend(buf, dest=right) first on EVERY rank is section 2's deadlock: a cycle of waits.)"""
+    """Send `buf` to `right` with comm.Ssend and receive `got` from `left` with comm.Recv, in an order
+    that cannot deadlock. (Ssend first on EVERY rank is section 2's deadlock: a cycle of waits.)"""
     # >>> exercise: parity_order
     if comm.rank % 2 == 0:
         comm.Ssend(buf, dest=right, tag=TAG)

@@ -41,14 +41,32 @@ def test_contents_tells_old_new_and_part():
     assert L02.contents(np.full(4, 7.0), -1.0, 3.0) == "part new"   # a wrong message is not "new"
 
 
-def test_a_mode_counts_as_overlapping_only_above_the_control():
+def test_a_mode_counts_as_hiding_only_beyond_the_noise():
     times = {"comm only": 1.0, "compute only": 1.0, L02.CONTROL: 2.0, "(b) post, compute, wait": 1.5}
-    overlap = {"(a)": 0.0, "(b)": 0.5}
-    (line,) = L02.what_was_seen(times, overlap, None)
-    assert "overlap measured" in line and "0.75 x (a)" in line
-    overlap = {"(a)": -0.4, "(b)": 0.5}                     # a noisy control raises the bar to 0.6
-    (line,) = L02.what_was_seen(times, overlap, None)
-    assert "no overlap measured" in line
+    (line,) = L02.what_was_seen(times, {"(a)": 0.0, "(b)": 0.5}, 0.0, None)
+    assert "hid +0.50" in line and "a real overlap" in line
+    (line,) = L02.what_was_seen(times, {"(a)": 0.0, "(b)": 0.5}, 0.4, None)  # noisy: the bar is 0.6
+    assert "within noise" in line
+    (line,) = L02.what_was_seen(times, {"(a)": 0.0, "(b)": -0.9}, 0.1, None)
+    assert "slower than (a)" in line
+
+
+def test_hidden_is_zero_for_the_control_and_one_when_the_shorter_part_is_gone():
+    assert L02.hidden_of(2.0, 2.0, 1.0, 1.0) == 0.0
+    assert L02.hidden_of(1.0, 2.0, 1.0, 1.0) == 1.0
+    assert L02.hidden_of(3.0, 2.0, 1.0, 1.0) == -1.0   # slower than one after the other
+    assert L02.noise_of({"comm only": 1.0, "compute only": 2.0, L02.CONTROL: 3.5}) == 0.5
+
+
+def test_d_is_said_slower_than_this_jobs_control_only_when_it_is():
+    times = {"comm only": 1.0, "compute only": 1.0, L02.CONTROL: 2.0, "(b) post, compute, wait": 2.0,
+             L02.D_MODE: 8.0}
+    child = {"times": {"comm only": 5.0, "compute only": 5.0, L02.CONTROL: 10.0, "(b) post, compute, wait": 8.0}}
+    lines = L02.what_was_seen(times, {"(a)": 0.0, "(b)": 0.0, "(d)": 0.4}, 0.0, child)
+    assert "vs its own job's (a)" in lines[1] and "a real overlap" in lines[1]
+    assert "5.0 x and 5.0 x this job's" in lines[2] and "4.00 x (a)" in lines[2]
+    times[L02.D_MODE] = 2.1                                  # within this job's noise: no such line
+    assert len(L02.what_was_seen(times, {"(a)": 0.0, "(b)": 0.0, "(d)": 0.4}, 0.0, child)) == 2
 
 
 # ---- 03: shard sizes, the tree broadcast's schedule

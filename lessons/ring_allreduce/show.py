@@ -59,20 +59,29 @@ def counts(ctx, runs, seen, dtype, eps):
               f"addition is not associative, so allow (N-1)*eps = {(n - 1) * eps:.2g} of sum|x|", flush=True)
 
 
+def gbps(value):
+    """A bandwidth in at most 6 characters with 2-3 significant digits: 6.2e-6 for a tiny one, never 0."""
+    if value >= 100 or value == 0:
+        return f"{value:.0f}"
+    if value >= 0.001:
+        return f"{value:.3g}" if value >= 0.01 else f"{value:.2g}"
+    return f"{value:.1e}".replace("e-0", "e-")
+
+
 def race(ctx, rows, alpha, pick, csv=None, png=None):
     """Sections 2 and 3 on rank 0: nccl-tests' columns, a busbw chart, what alpha says; --csv, --plot."""
     if ctx.rank != 0:
         return
     library = ALLREDUCE_NAME[ctx.transport]
-    report.section(ctx, f"2. the race: ring vs {library}, in place")
+    report.section(ctx, f"2. the race: ring vs {library}, in place, redop {rows[0]['redop']}")
     print(f"time: the slowest rank's mean of {pick['iters']} after {pick['warmup']} warm-up\n"
-          f"busbw = algbw*2(N-1)/N; ring/lib = ring busbw / lib busbw")
-    print(report.table(["size B", "count", "type", "redop", "ring us", "algbw", "busbw",
+          f"algbw = size B / time (GB/s); busbw = algbw*2(N-1)/N; ring/lib = ring busbw / lib busbw")
+    print(report.table(["size B", "count", "type", "ring us", "algbw", "busbw",
                         "lib us", "algbw", "busbw", "#wrong", "ring/lib"],
-                       [(r["size"], r["count"], r["type"], r["redop"], round(r["ring_us"], 1),
-                         round(r["ring_algbw"], 3), round(r["ring_busbw"], 3), round(r["lib_us"], 1),
-                         round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"],
-                         round(r["ratio"], 2)) for r in rows]))
+                       [(r["size"], r["count"], r["type"], round(r["ring_us"], 1),
+                         gbps(r["ring_algbw"]), gbps(r["ring_busbw"]), round(r["lib_us"], 1),
+                         gbps(r["lib_algbw"]), gbps(r["lib_busbw"]), r["wrong"],
+                         round(r["ratio"], 2)) for r in rows], align=[True, True, False] + [True] * 8))
     sizes = [r["size"] for r in rows]
     print(bandwidth.chart(sizes, {"ring": [r["ring_busbw"] for r in rows],
                                   "library": [r["lib_busbw"] for r in rows]}))

@@ -83,8 +83,9 @@ def fixes(ctx, count, seconds, wrong):
     if ctx.rank != 0:
         return
     rows = [[name, count * 8, count, "float64", round(sec * 1e6, 1),
-             round(count * 8 / sec / 1e9, 3) if sec > 0 else 0.0, wrong[name]] for name, sec in seconds.items()]
+             float(f"{count * 8 / sec / 1e9:.3g}") if sec > 0 else 0.0, wrong[name]] for name, sec in seconds.items()]
     print(report.table(["fix", "size B", "count", "type", "time us", "algbw GB/s", "#wrong"], rows))
+    print("algbw = size B / time: the bytes one rank's message moved per second (GB = 1e9 B)")
     fastest = min(seconds, key=seconds.get)
     print("ratios to the fastest:", ", ".join(f"{k} {v / seconds[fastest]:.2f}x"
                                              for k, v in seconds.items()), flush=True)
