@@ -12,9 +12,9 @@ What to watch for:
   * section 1 runs every algorithm on several counts (0, 1, N-1, 7, 1000003 by default) against the
     library's all-reduce on the same data, and counts rounds, messages and bytes. Every rank first
     checks all ranks' schedules against each other: a broken one stops every rank with one line.
-  * section 2 measures alpha (ping-pong rank 0 <-> 1), beta (its slope), gamma (dst += src), prints
-    each algorithm's predicted time beside its measured one, then what the model leaves out (more
-    ranks than cores, shared links, a step in the ping-pong, Python per round), where numbers show it.
+  * section 2 measures alpha (ping-pong rank 0 <-> 1), beta (its slope), gamma (dst += src), says
+    what the model leaves out where numbers show it (more ranks than cores, shared links, a step in
+    the ping-pong, Python per round), then each algorithm's predicted time beside its measured one.
   * section 3 builds a switch table (fastest algorithm per size) and races the tuned all-reduce against
     the library's, in the same run: lib time / tuned time >= 1 means the tuned one is at least as fast.
 

@@ -155,6 +155,22 @@ def test_switch_table_on_made_up_timings():
     assert tuner.choose(table, 1 << 30) == "tree"
 
 
+def test_a_long_switch_table_fits_100_columns(capsys):
+    """--bench's 16 sizes may change algorithm at every size: the line wraps, each '<= size: algo' whole."""
+    from types import SimpleNamespace
+    algos = ["rabenseifner", "rd", "tree"]
+    table = [(4096 << i, algos[i % 3]) for i in range(16)]
+    ctx = SimpleNamespace(world_size=4, transport="gloo", rank=0)
+    tuner.show_race(ctx, SimpleNamespace(dtype="float32", csv=None, algos=algos), table, [], 1e-6)
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100, out
+    said = out.split("switch table")[1].split("\ngloo")[0]
+    assert len(said.splitlines()) > 1, said  # it did need the wrap
+    for line in said.splitlines()[1:]:
+        assert line.startswith("    <= ") or line.startswith("    else "), said
+    assert " ".join(said.split()).endswith(tuner.switch_points(table)), said
+
+
 @pytest.mark.parametrize("tuned, lib, noise, rounds, verdict", [
     (30.0, 29.5, 1.0, 2, "a tie"),          # lost by 0.5 us, batches wander by 1 us
     (30.0, 25.0, 1.0, 4, "at least half Python"),  # 4 rounds x 1 us is at least half the 5 us gap
@@ -212,6 +228,25 @@ def test_no_step_no_protocol_story():
     spike[5] = (spike[5][0], spike[5][1] + 50e-6)  # one noisy size, back on the line after it
     assert costs.ping_step(spike, 2e-6, 1e-10) is None
     assert not [line for line in said(line_model()) if line.startswith(("(c)", "(d)", "(a)"))]
+
+def test_the_reasons_come_before_the_table_and_only_rows_off_from_both_predictions_are_starred(capsys, monkeypatch):
+    from types import SimpleNamespace
+    import os
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    ctx = SimpleNamespace(world_size=4, transport="mpi", single_node=True, rank=0, api="mpi4py")
+    args = SimpleNamespace(algos=["rd", "ring"], plot=None)
+    row = {"size": 4096, "k": 1, "alpha_us": 2.0, "beta_us": 1e-4, "gamma_us": 1e-5,
+           "rd_us": 50.0, "rd_pred_us": 10.0, "rd_pred_all_us": 40.0,        # 5x the lone one, 1.25x all talking
+           "ring_us": 90.0, "ring_pred_us": 10.0, "ring_pred_all_us": 30.0,  # 9x and 3x: off from both
+           "rd_rounds": 2, "ring_rounds": 6}
+    show.measured_vs_model(ctx, args, dict(line_model(4e-10), alpha_all=1e-5), [row], 1e-8)
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if "size B" in line and "meas/pred" in line)
+    assert any("leaves out" in line for line in lines[:head]) and any(line.startswith("  (a)") for line in lines[:head])
+    rd, ring = (next(line for line in lines[head:] if f" {a} " in f" {line} ") for a in ("rd", "ring"))
+    assert not rd.endswith("*") and ring.endswith("3.00 *"), (rd, ring)
+    assert lines[-1].startswith("* 1 of 2 rows are off by more than 2x from both predictions"), lines[-1]
+
 
 
 def test_python_per_round_is_said_only_where_it_weighs():

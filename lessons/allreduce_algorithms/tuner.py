@@ -113,7 +113,8 @@ def show_race(ctx, args, table, race, overhead):
         print("one rank: every algorithm's schedule is empty, so the tuned column times a call that moves "
               "nothing;\n    its choice per size is noise, not a switch point")
     else:
-        print("switch table (fastest measured per size): " + switch_points(table))
+        whole = ", ".join(p.replace(" ", "\xa0") for p in switch_points(table).split(", "))  # "<= 4K: rd" unbroken
+        print(text.wrapped("switch table (fastest measured per size): " + whole, hang=4).replace("\xa0", " "))
     for line in library_words(ctx):
         print(text.wrapped(line, hang=4))
     # type and redop are nccl-tests' columns too, but one value for the whole race: said once, so that
