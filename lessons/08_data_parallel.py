@@ -346,13 +346,15 @@ def parts23(ctx, args, torch, device):
                   args.reps, sync)
     buckets.remove()
     theirs, first = torch_ddp.ddp_buckets(ctx, deep_mlp(torch, dtype, device), cap, x, DDP_STEPS)  # DDP's own
+    uneven = torch_ddp.uneven_buckets(ctx, tiny_mlp(torch, dtype, device), pack_buckets,  # and where sizes differ
+                                      torch.ones(2, FEATURES, dtype=dtype, device=device), DDP_STEPS)
     sizes = [p.numel() * p.element_size() for p in params]
     comm, compute = times["comm"], times["compute"]
     return {"bucket_err": bucket_err, "overlap_err": overlap_err}, {
         "calls_per_param": len(params), "calls_bucketed": len(buckets.plan), "buckets": buckets.plan,
         "ddp_buckets": theirs, "ddp_first_backward_buckets": first, "ddp_same_buckets": theirs == buckets.plan,
         "first_bucket_head": buckets.plan[0][0], "bucketed_bytes": sum(sizes[i] for b in buckets.plan for i in b),
-        "bucket_bytes": [sum(sizes[i] for i in b) for b in buckets.plan],
+        "bucket_bytes": [sum(sizes[i] for i in b) for b in buckets.plan], **uneven,
         "done_after_backward": [min(buckets.done), max(buckets.done)],
         "time_us_per_param": t2["per_param"] * 1e6, "time_us_bucketed": t2["bucketed"] * 1e6,
         **{f"time_us_{k}": t * 1e6 for k, t in times.items()},

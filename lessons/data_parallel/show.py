@@ -120,6 +120,9 @@ def parts23(ctx, s, errs, ddp_steps):
                            f"in the order the gradients became ready: {len(theirs)} bucket(s), tensors "
                            f"{', '.join(heads[:8])}{' ...' if len(heads) > 8 else ''}: "
                            + ("the same as ours" if s["ddp_same_buckets"] else "NOT the same as ours"), hang=0))
+        print(text.wrapped(f"where tensor sizes differ (part 1's MLP: {s['uneven_sizes']} B, a cap of "
+                           f"{s['uneven_cap']} B): ours {s['uneven_buckets']}, DDP's {s['ddp_uneven_buckets']}: "
+                           + ("the same" if s["ddp_same_uneven_buckets"] else "NOT the same"), hang=0))
     tc, tm, ta, th = (s[f"time_us_{k}"] for k in ("compute", "comm", "after", "overlapped"))
     report.section(ctx, "3. overlap: bucket all-reduces launched from gradient hooks during backward")
     print(report.table(["mode", "time us", "overlap"], [
