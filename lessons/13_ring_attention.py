@@ -216,7 +216,7 @@ def run_ring(ctx, xp, be, q, k, v, layout, causal, phase):
     be.sync()  # gpu: the host reads the output next
     seen = be.counts.get(phase, {}).get("start", {"calls": 0, "bytes": 0, "msgs": 0, "peers": []})
     sent = {"bytes_sent": seen["bytes"], "transfers": seen["calls"], "msgs": seen["msgs"],
-            "peers": seen["peers"], "order": "".join(order.seen)}
+            "peers": seen["peers"], "order": "".join(order.seen), "clobbered": order.clobbered}
     return buffers.to_host(out).copy(), dict(att.work), sent
 
 

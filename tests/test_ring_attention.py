@@ -126,3 +126,29 @@ def test_the_load_balance_reason_needs_the_busiest_ranks_compute_to_agree(contig
     text = "\n".join(lines)
     assert says in text and all(len(line) <= 100 for line in text.splitlines()), text
     assert ("each step waits for the busiest rank" in text) == (busiest_c >= 1.2 * busiest_z and contig >= 1.2 * zig)
+
+
+class Loopback:
+    """A one-rank stand-in for p2p's backend: start() copies each send into the receive at wait()."""
+
+    def start(self, sends, recvs):
+        class Handle:
+            def wait(self):
+                for (out, _), (into, _) in zip(sends, recvs):
+                    into[...] = out
+        return Handle()
+
+
+@pytest.mark.parametrize("one_buffer", [False, True])
+def test_the_order_counts_a_receive_landing_in_a_block_in_use(one_buffer):
+    """ring_pass with its two receive buffers taking turns clobbers nothing; the same buffer twice (a
+    learner's `bufs[0]`, or `step % 1`) receives the next block into the one being sent and computed on."""
+    from lessons.ring_attention.order import Order
+    n, rows = 4, 5
+    kv = np.arange(rows * 2.0).reshape(rows, 2)
+    two = [np.zeros((rows, 2)) for _ in range(2)]
+    seen = []
+    order = Order(Loopback(), lambda block, source: seen.append(source))
+    lesson.ring_pass(order, kv, [rows] * n, [two[0], two[0]] if one_buffer else two, 1, n, order.fold)
+    assert "".join(order.seen) == "scw" * (n - 1) + "c" and seen == [1, 0, 3, 2]
+    assert order.clobbered == (2 * (n - 2) if one_buffer else 0)  # steps 1, 2: its send and its compute
