@@ -9,8 +9,9 @@ flip a comparison (`<`/`<=`, `>`/`>=`, `==`/`!=`, `in`/`not in`, `is`/`is not`),
 attribute read in the region in place of one. Each is staged as tests/test_wrong_answers.py stages a
 wrong answer (a copy in a temp folder's lessons/, first on PYTHONPATH; the lesson file is never
 edited) and graded as `bin/tutor check` grades a run: killed when a check fails, a rank crashes or
-the run times out; survived when every check passes. A survivor is an equivalent program or a
-mistake no check catches: the list at the end is for a person to judge. Exit 1 when any survived.
+the run times out; survived when every check passes. A mutant that passes at the first NP and API
+is graded again at the rest of `bin/tutor check`'s grid (every check NP, every API) unless --quick.
+A survivor is an equivalent program or a mistake no check catches: the list at the end is for a person to judge. Exit 1 when any survived.
 """
 import argparse
 import ast
@@ -312,14 +313,15 @@ class Stopped(Exception):
 
 
 def grade(lesson, source, region, mutant, nps, api, timeout):
-    """{verdict: killed at the first NP that does not pass (status: fail, crash or timeout), else
-    survived; why; seconds}. The staged copy lives in a temp folder, removed after."""
+    """{verdict: killed at the first NP (or (NP, API) pair) that does not pass (status: fail, crash or
+    timeout), else survived; why; seconds}. The staged copy lives in a temp folder, removed after."""
     from test_wrong_answers import stage  # the wrong-answer suite's own staging
     folder, seconds = tempfile.mkdtemp(prefix="mutant-"), 0.0
     try:
         script, head = stage(lesson, staged_case(source, region, mutant), folder)
         os.environ["PYTHONPATH"] = os.pathsep.join([head, ROOT])  # the staged copy wins (as in the suite)
         for np in nps:
+            np, api = np if isinstance(np, tuple) else (np, api)
             outcome, checks = engine.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []), echo=False,
                                                 script=script, timeout=timeout)
             seconds += outcome.seconds
@@ -332,7 +334,8 @@ def grade(lesson, source, region, mutant, nps, api, timeout):
                        f"every rank waited {outcome.stuck:.0f} s" if outcome.stuck else
                        f"not done in {timeout:.0f} s" if outcome.timed_out else
                        next(iter(outcome.errors.values()), f"exit {outcome.rc}"))
-                return {"verdict": "killed", "status": status, "np": np, "why": why, "seconds": round(seconds, 2)}
+                return {"verdict": "killed", "status": status, "np": np, "api": api, "why": why,
+                        "seconds": round(seconds, 2)}
         return {"verdict": "survived", "status": "pass", "np": None, "why": "every check passed",
                 "seconds": round(seconds, 2)}
     finally:
@@ -344,6 +347,9 @@ def _options(argv):
     p.add_argument("lesson", help="a lesson id, e.g. 05")
     p.add_argument("--np", type=int, nargs="+", help="NPs to grade at (default: the largest of the YAML's check list)")
     p.add_argument("--api", default="mpi4py", choices=["mpi4py", "torch"])
+    p.add_argument("--quick", action="store_true",
+                   help="grade at the first NP and API only; by default a mutant that passes there is graded "
+                        "again at every other NP and API of `bin/tutor check`, as a learner's check runs it")
     p.add_argument("--sample", type=int, help="grade K mutants, drawn by turns from each kind")
     p.add_argument("--seed", type=int, default=0, help="which K (default 0)")
     p.add_argument("--ids", help="grade only these mutants (comma-separated ids, e.g. m003,m017)")
@@ -431,9 +437,15 @@ def main(argv=None):
         print(f"unmutated: passes in {base['seconds']:.1f} s; each mutant's run ends at {timeout:.0f} s")
         for m in chosen:
             got = grade(lesson, source, regions[m.region], m, nps, a.api, timeout)
+            rest = [] if a.quick or a.np else [(n, api) for api in lesson.meta["apis"]
+                                               for n in lesson.meta["np"]["check"] if (n, api) != (nps[0], a.api)]
+            if got["verdict"] == "survived" and rest:  # the rest of check's grid, torch's longer start-up too
+                more = grade(lesson, source, regions[m.region], m, rest, a.api, 2 * timeout)
+                got = {**more, "seconds": round(got["seconds"] + more["seconds"], 2)}
             rows.append({**asdict(m), **got, "old_line": source.splitlines()[m.line - 1],
                          "new_line": m.apply(source).splitlines()[m.line - 1]})
-            at = "" if len(nps) == 1 else f" np={got['np']}"
+            at = "" if got.get("np") in (None, nps[0]) and got.get("api", a.api) == a.api else \
+                f" np={got['np']} {got.get('api', a.api)}"
             why = f"{got['status']}{at}: {got['why']}"
             print(f"{m.id}  {_cut(f'{m.region}:{m.line}', 22):<22} {m.said(40):<40} {got['verdict']:<8} "
                   f"{_cut(why, 21) if got['verdict'] == 'killed' else ''}".rstrip(), flush=True)
