@@ -46,7 +46,7 @@ XDIST  = $(if $(filter-out 0 1,$(TEST_JOBS)),$(shell $(PY) -c 'import xdist' 2>/
 
 RUN_FLAGS = $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
-.PHONY: help setup own-python check check-mine test test-torch test-nodes mutants clean clean-progress
+.PHONY: help setup own-python check check-mine test test-torch test-nodes mutants lint clean clean-progress
 .DEFAULT_GOAL := help
 
 help:  ## list the targets
@@ -128,6 +128,9 @@ mutants: $(SETUP)  ## mutants of a lesson's exercises, graded: make mutants LESS
 	mkdir -p results
 	timeout 3600 $(PY) tests/mutants.py $(LESSON) $(if $(NP),--np $(NP)) $(if $(SAMPLE),--sample $(SAMPLE)) \
 	  --json results/mutants-$(LESSON).json
+
+lint: $(SETUP)  ## ruff check (ruff.toml: pyflakes, pycodestyle, 120 columns) on the kit and its tests
+	$(PY) -m ruff check .
 
 test-nodes: $(SETUP)  ## every lesson on two nodes of 2 ranks (network namespaces, a private bridge; root)
 	$(PY) -m pytest -q -p no:xdist -m twonode

@@ -11,7 +11,8 @@ wrong answer (a copy in a temp folder's lessons/, first on PYTHONPATH; the lesso
 edited) and graded as `bin/tutor check` grades a run: killed when a check fails, a rank crashes or
 the run times out; survived when every check passes. A mutant that passes at the first NP and API
 is graded again at the rest of `bin/tutor check`'s grid (every check NP, every API) unless --quick.
-A survivor is an equivalent program or a mistake no check catches: the list at the end is for a person to judge. Exit 1 when any survived.
+A survivor is an equivalent program or a mistake no check catches: the list at the end is for a
+person to judge. Exit 1 when any survived.
 """
 import argparse
 import ast

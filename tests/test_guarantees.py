@@ -14,11 +14,11 @@ import pytest
 
 from common.runner import engine, launch
 from conftest import FIXTURES, TUTOR, end_marked, processes_running, tutor
+from test_robust import one_line_error
 
 # these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
 # share one worker, so one test never sees another's run of the same fixture as its own leftover
 pytestmark = pytest.mark.xdist_group("fixture_processes")
-from test_robust import one_line_error
 
 FIX = {"TUTOR_LESSONS": FIXTURES}
 

@@ -295,7 +295,9 @@ def test_a_fault_s_error_output_is_kept_and_said_in_one_line_after_the_diagnosis
     assert "error stack" not in out and "Traceback" not in out and "BAD TERMINATION" not in out, out
     assert all(len(line) <= 100 for line in out.splitlines()), max(out.splitlines(), key=len)
     why = ran.stderr
-    assert why.index("why, from the ranks' flight records:") < why.index("how it ended:") < why.index("lines of error output"), why
+    order = [why.index(said) for said in ("why, from the ranks' flight records:", "how it ended:",
+                                          "lines of error output")]
+    assert order == sorted(order), why
     assert "rank 0's #7 differs: count 512 vs 1024" in why and "last-errors.txt" in why, why
     raw = (tmp_path / "state" / "last-errors.txt").read_text()
     assert "== rank " in raw and ("MPI_ERR_TRUNCATE" in raw or "truncated" in raw), raw

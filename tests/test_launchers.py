@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from common import mpilib, world
+from common import mpilib
 from common.runner import launch, launchers
 from conftest import FIXTURES, ROOT, dollar_line, tutor
 

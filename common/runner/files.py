@@ -16,9 +16,9 @@ import tempfile
 from contextlib import contextmanager
 
 from common import guard, plot
+from common.guard import JUNIT_HEAD, is_junit, is_results_json  # noqa: F401 (used via files.)
 from common.runner.exercise import PracticeError
 from common.runner.terminal import path_shown
-from common.guard import JUNIT_HEAD, is_junit, is_results_json  # noqa: F401 (used via files.)
 
 KINDS = {"--json": "results JSON", "--junit": "JUnit report"}
 OUTPUTS = {"--csv": "CSV", "--plot": "PNG", "--trace-png": "PNG"}   # the lessons' own output flags
@@ -158,7 +158,8 @@ def write_junit(path, cases):
         parts.append(f'  <testcase classname={quoteattr(lesson.name)} name="np{n}-{api}" time="{seconds:.2f}">')
         first = why[0] if why else status
         if status in ("blocked", "not run"):
-            parts.append(f"    <skipped message={quoteattr(first if first.startswith(status) else f'{status}: {first}')}/>")
+            said = first if first.startswith(status) else f"{status}: {first}"
+            parts.append(f"    <skipped message={quoteattr(said)}/>")
         elif status != "pass":
             tail = outcome.tail[-40:] if outcome else []
             parts.append(f'    <failure type="{status}" message={quoteattr(first)}>'

@@ -150,7 +150,8 @@ def needs(lesson, np, api, device, force=False):
     missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing:
         other = "use --api mpi4py" if "torch" in missing else "use --device cpu"
-        raise Blocked(f"this Python cannot import {missing[0]} (for {'--api torch' if missing[0] == 'torch' else '--device gpu'}); "
+        flag = "--api torch" if missing[0] == "torch" else "--device gpu"
+        raise Blocked(f"this Python cannot import {missing[0]} (for {flag}); "
                       f"install it or {other}")
 
 
