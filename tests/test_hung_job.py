@@ -313,6 +313,14 @@ def test_why_after_a_check_that_hung_tells_of_that_check(tmp_path):
     assert hung.returncode != 0, hung.stdout + hung.stderr
     again = tutor("why", env=state)
     assert "04_hang np=2 api=mpi4py: timeout" in again.stdout and "14_hung_job" not in again.stdout, again.stdout
+    # issue 37.9: `why` knew only the last run; `why ID` tells of that lesson's last run
+    mine = tutor("why", "14", env=state)
+    assert mine.returncode == 0 and "14_hung_job np=2 api=mpi4py" in mine.stdout, mine.stdout + mine.stderr
+    assert "rank 1" in mine.stdout and "04_hang" not in mine.stdout, mine.stdout
+    fixture = tutor("why", "04", env={**state, "TUTOR_LESSONS": FIXTURES})
+    assert "04_hang np=2 api=mpi4py: timeout" in fixture.stdout, fixture.stdout
+    none = tutor("why", "00", env=state)
+    assert none.returncode == 1 and none.stdout.strip() == "no run of 00_hello recorded yet: `bin/tutor run 00` first"
 
 
 @pytest.mark.parametrize("damage", ['{"run": "x", "status": "pass", "diagnosis": {"lines": 5}}',

@@ -101,9 +101,11 @@ def opening(lesson, outcome):
     return f"TIMEOUT: {lesson.name} ran past its {outcome.limit:g} s limit; every rank was ended. Where each rank was:"
 
 
-def last_path():
+def last_path(lesson_name=None):
+    """last-why.json (the last run of any lesson), or why-NN_topic.json (the last run of that lesson)."""
     from common.runner.progress import progress_path
-    return os.path.join(os.path.dirname(progress_path()), "last-why.json")
+    return os.path.join(os.path.dirname(progress_path()),
+                        f"why-{lesson_name}.json" if lesson_name else "last-why.json")
 
 
 def errors_path():
@@ -148,21 +150,28 @@ def planted_lines(lesson, outcome, checks, short):
     return said + ending(outcome)
 
 
-_KEPT = []  # the verdicts this process remembered: a check's failed run stays what `why` shows
+_KEPT = {}  # lesson name -> the verdicts this process remembered: a check's failed run stays what `why` shows
 
 
 def remember(head, verdict, outcome):
-    """Keep the last run's diagnosis for `bin/tutor why`, and the error output it held back (nothing is
-    lost if they cannot be written). Of a command's several runs (a check), the last that did not pass."""
+    """Keep the last run's diagnosis for `bin/tutor why` (and for `why ID`, the lesson's last run), and
+    the error output it held back (nothing is lost if they cannot be written). Of a command's several
+    runs (a check), the last that did not pass. head starts with the lesson's name."""
     from common.report import atomic_write
-    if verdict == "pass" and any(v != "pass" for v in _KEPT):
+    name = head.split()[0]
+    failed = [v != "pass" for v in _KEPT.get(name, [])]
+    if verdict == "pass" and any(failed):
         return
-    _KEPT.append(verdict)
+    last = not (verdict == "pass" and any(v != "pass" for vs in _KEPT.values() for v in vs))
+    _KEPT.setdefault(name, []).append(verdict)
     held = getattr(outcome, "held", None) or {}
+    record = json.dumps({"run": head, "status": verdict, "diagnosis": outcome.diagnosis}) + "\n"
     try:
         os.makedirs(os.path.dirname(last_path()), exist_ok=True)
-        atomic_write(last_path(), json.dumps({"run": head, "status": verdict,
-                                              "diagnosis": outcome.diagnosis}) + "\n")
+        atomic_write(last_path(name), record)
+        if not last:  # another lesson of this check failed: `why` alone keeps telling of that one
+            return
+        atomic_write(last_path(), record)
         if held:
             atomic_write(errors_path(), "".join(f"== {who} ({head})\n" + (text if isinstance(text, str) else
                                                                           "\n".join(text) + "\n")
@@ -173,11 +182,12 @@ def remember(head, verdict, outcome):
         pass
 
 
-def _read_last():
-    """last-why.json's object; None when there is none; a ValueError saying why it cannot be read (not a
-    plain file, too large, not JSON). Opened without blocking: a FIFO there must not hang `why`."""
+def _read_last(path):
+    """The record's object (last-why.json or a lesson's); None when there is none; a ValueError saying
+    why it cannot be read (not a plain file, too large, not JSON). Opened without blocking: a FIFO
+    there must not hang `why`."""
     try:
-        fd = os.open(last_path(), os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -199,22 +209,25 @@ def _read_last():
         raise ValueError(f"not the JSON the tutor writes ({type(exc).__name__})") from None
 
 
-def recall():
-    """The lines `bin/tutor why` prints, and its exit status (1 when there is nothing to show, or the
-    record cannot be read: one line says so)."""
+def recall(lesson=None):
+    """The lines `bin/tutor why [ID]` prints, and its exit status (1 when there is nothing to show, or
+    the record cannot be read: one line says so). With a lesson: that lesson's last run."""
     from common.runner.terminal import path_shown
+    path = last_path(lesson.name if lesson else None)
     try:
-        last = _read_last()
+        last = _read_last(path)
     except ValueError as exc:
-        return [f"tutor: the last run's record cannot be read ({exc}); remove {path_shown(last_path())}"], 1
+        return [f"tutor: the last run's record cannot be read ({exc}); remove {path_shown(path)}"], 1
     if last is None:
-        return ["no run recorded yet: `bin/tutor run ID` first"], 1
+        return ([f"no run of {lesson.name} recorded yet: `bin/tutor run {lesson.id}` first"] if lesson else
+                ["no run recorded yet: `bin/tutor run ID` first"]), 1
     d = last.get("diagnosis") if isinstance(last, dict) else None
     if not (isinstance(last, dict) and isinstance(last.get("run"), str) and isinstance(last.get("status"), str)
             and (d is None or isinstance(d, dict) and isinstance(d.get("lines", []), list)
                  and all(isinstance(line, str) for line in d.get("lines", [])))):
-        return [f"tutor: the last run's record is not one the tutor wrote; remove {path_shown(last_path())}"], 1
+        return [f"tutor: the last run's record is not one the tutor wrote; remove {path_shown(path)}"], 1
     if not d or not d.get("lines"):
         return [f"the last run ({last['run']}: {last['status']}) left nothing to diagnose"], 1
-    kept = [f"(its error output is kept in {path_shown(errors_path())})"] if os.path.isfile(errors_path()) else []
+    kept = [f"(its error output is kept in {path_shown(errors_path())})"] \
+        if os.path.isfile(errors_path()) and not lesson else []
     return [f"the last run: {last['run']}: {last['status']}"] + lines(types.SimpleNamespace(diagnosis=d)) + kept, 0
