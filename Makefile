@@ -129,7 +129,7 @@ mutants: $(SETUP)  ## mutants of a lesson's exercises, graded: make mutants LESS
 	timeout 3600 $(PY) tests/mutants.py $(LESSON) $(if $(NP),--np $(NP)) $(if $(SAMPLE),--sample $(SAMPLE)) \
 	  --json results/mutants-$(LESSON).json
 
-lint: $(SETUP)  ## ruff check (ruff.toml: pyflakes, pycodestyle, 120 columns) on the kit and its tests
+lint: $(SETUP)  ## ruff check (ruff.toml) on the kit and its tests
 	$(PY) -m ruff check .
 
 test-nodes: $(SETUP)  ## every lesson on two nodes of 2 ranks (network namespaces, a private bridge; root)

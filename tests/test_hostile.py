@@ -276,7 +276,7 @@ def test_a_timeout_shorter_than_a_start_is_refused():
 # ---- input ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, fragments", [
-    (["run", "1", "--mine"], ["--mine", "bin/tutor check"]),
+    (["run", "1", "--junit", "x.xml"], ["--junit", "bin/tutor check"]),
     (["run", "1", "--jsn", "x.json"], ["--jsn", "did you mean --json"]),
     (["run", "1", "--tiemout", "3"], ["did you mean --timeout"]),
     (["run", "1", "--count", "3"], ["not an option of run", "after `--`"]),

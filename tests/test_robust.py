@@ -311,7 +311,8 @@ elif ctx.rank == 1:
         ctx.comm.Recv(buf, source=0, tag=5)
 with rec.call("all_reduce", buf):
     ctx.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-print("sum", buf[0], flush=True)
+if ctx.rank == 0:  # one rank prints: two would interleave their lines
+    print("sum", buf[0], flush=True)
 """
 
 

@@ -206,7 +206,7 @@ def _read_last(path):
     try:
         return json.loads(data.decode())
     except ValueError as exc:
-        raise ValueError(f"not the JSON the tutor writes ({type(exc).__name__})") from None
+        raise ValueError(f"not JSON: {type(exc).__name__}") from None
 
 
 def recall(lesson=None):
