@@ -287,3 +287,11 @@ def test_the_still_running_line_tells_starting_and_working_from_stuck(tmp_path):
     assert "nothing moving for 80 s: rank 0 is in no recorded call" in said[-1], said
     assert "rank 1 waits in all_reduce #1" in said[-1] and "deadlock" not in said[-1], said
     assert [line.split(" after ")[1].split(" s")[0] for line in said] == ["5", "10", "20", "40", "80", "160"]
+
+
+def test_the_shown_command_pastes_back_as_the_same_words():
+    """A checkout whose path has a space: the `$ ...` line, pasted into a shell, is the command run."""
+    import shlex
+    cmd = ["/home/my tutor/.venv/bin/mpiexec", "-n", "2", "python", "/home/my tutor/lessons/00_hello.py"]
+    line = engine.shown(cmd)
+    assert shlex.split(line.replace("\\\n", " ").lstrip("$ ")) == cmd, line

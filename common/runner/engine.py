@@ -3,6 +3,7 @@ for an outcome are common/runner/verdict.py's; the files the runner writes follo
 import json
 import os
 import re
+import shlex
 
 from common import timing
 from common.runner import expect, files, flightwatch, grading, launch
@@ -92,7 +93,7 @@ def keep_results(path, lesson, np, api, device, results, checks, verdict, why, d
 def shown(cmd, width=100):
     """The command as a shell line to copy, continued with a backslash where it passes `width`."""
     lines, line = [], "$"
-    for word in cmd:
+    for word in map(shlex.quote, cmd):  # a path with a space stays one word when pasted
         if len(line) + 1 + len(word) > width - 2 and line.strip() not in ("$", ""):
             lines.append(line + " \\")
             line = "   "
