@@ -112,8 +112,9 @@ def explain(lesson, outcome, checks, script, lines):
     for c in checks or []:
         if not c["ok"]:
             got = short(c["got"], 160, sep="; ")
+            want = c.get("rule") or short(c["want"], 60)  # the YAML's formula, not its values at every item
             said.append(f"check failed: \"{c['name']}\": wanted {paths.get(c['name'], 'the value')} "
-                        f"{short(c['want'], 60)}, but got {got}")
+                        f"{want}, but got {got}")
     return said
 
 
