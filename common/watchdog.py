@@ -10,6 +10,7 @@ When the runner sets TUTOR_RUN_DIR, each rank writes there
 import faulthandler
 import os
 import signal
+import socket
 import sys
 import traceback
 
@@ -18,6 +19,9 @@ _keep = []  # faulthandler writes to this file later: it must stay open
 
 def install(rank):
     run_dir = os.environ.get("TUTOR_RUN_DIR")
+    if run_dir and not os.path.isdir(run_dir):  # launched on a node that does not share it
+        sys.stderr.write(f"rank {rank} on {socket.gethostname()} cannot see the run folder: set TUTOR_RUN_ROOT "
+                         "to one all nodes see\n")
     if not run_dir or not os.path.isdir(run_dir):
         return
     base = os.path.join(run_dir, f"rank{rank}")

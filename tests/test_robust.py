@@ -144,6 +144,19 @@ def test_missing_mpiexec():
                    "MPIEXEC='/nonexistent/mpiexec'", "not a program")
 
 
+def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
+    """TUTOR_RUN_ROOT that is no folder (it is never made for you), or a state folder where runs/ cannot
+    be made (a file in the way): one line naming the setting, nothing started, nothing made."""
+    one_line_error(tutor("run", "1", env={**FIX, "TUTOR_RUN_ROOT": str(tmp_path / "absent")}),
+                   "TUTOR_RUN_ROOT=", "no such folder")
+    (tmp_path / "state").write_text("")
+    from common.runner import launch
+    launcher = os.path.join(ROOT, launch.found()[0])  # the real one: MPIEXEC set puts runs/ in the state
+    one_line_error(tutor("run", "1", env={**FIX, "MPIEXEC": launcher, "TUTOR_STATE": str(tmp_path / "state")}),
+                   "runs", "TUTOR_RUN_ROOT")
+    assert sorted(os.listdir(tmp_path)) == ["state"]
+
+
 def test_malformed_yaml_names_file_and_line(tmp_path):
     for name in ("01_pass.py", "01_pass.yaml"):
         (tmp_path / name).write_text(open(os.path.join(FIXTURES, name)).read())

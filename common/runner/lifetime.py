@@ -11,12 +11,15 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
 import time
 
 from common.runner import rundir
+from common.runner.catalog import ROOT
+from common.runner.launchers import LaunchError
 
 
 # Every signal whose default action would end the runner ends the run first, then the runner, with the
@@ -105,24 +108,45 @@ def _pid_namespace():
         return 0
 
 
-_PID_NS = _pid_namespace()  # a run folder names its runner as namespace.pid
+_PID_NS = _pid_namespace()  # a run folder names its runner as host.namespace.pid
+_HOST = re.sub(r"[^\w.-]", "_", socket.gethostname())[:40] or "host"
+
+
+def run_root():
+    """Where run folders go: the temp directory on one machine (fast, private); a folder every node
+    sees when the ranks may run on other nodes (MPIEXEC set, as for a cluster or the test bed), whose
+    /tmp is their own: $TUTOR_RUN_ROOT, else runs/ in the kit's state folder (.tutor/ in the checkout)."""
+    if os.environ.get("TUTOR_RUN_ROOT"):
+        return os.environ["TUTOR_RUN_ROOT"]
+    if os.environ.get("MPIEXEC"):
+        return os.path.join(os.environ.get("TUTOR_STATE") or os.path.join(ROOT, ".tutor"), "runs")
+    return tempfile.gettempdir()
 
 
 def new_run_dir():
-    """A fresh run folder in the temp directory, after removing those orphaned by a killed runner."""
-    _sweep_orphans()
-    return tempfile.mkdtemp(prefix=f"tutor-run-{_PID_NS}.{os.getpid()}-")
+    """A fresh run folder (run_root()), after removing those orphaned by a killed runner. Its name holds
+    this host, pid namespace and pid: a shared folder holds the runs of other hosts too."""
+    root = run_root()
+    given = os.environ.get("TUTOR_RUN_ROOT")
+    if given and not os.path.isdir(given):  # the learner's folder: named, never made
+        raise LaunchError(f"TUTOR_RUN_ROOT={given}: no such folder; make it (one every node sees) or unset it")
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"cannot make {root}: {exc.strerror}; set TUTOR_RUN_ROOT (a folder every node "
+                          "sees)") from None
+    _sweep_orphans(root)
+    return tempfile.mkdtemp(prefix=f"tutor-run-{_HOST}.{_PID_NS}.{os.getpid()}-", dir=root)
 
 
-def _sweep_orphans():
+def _sweep_orphans(folder):
     """Remove run folders whose runner is gone (one killed by SIGKILL could not remove its own); only
-    those of runners in this pid namespace, the only ones whose pid can be looked up here."""
-    folder = tempfile.gettempdir()
+    those of runners on this host in this pid namespace, the only ones whose pid can be looked up here."""
     try:
         names = os.listdir(folder) if _PID_NS else []
     except OSError:
         return
     for name in names:
-        m = re.fullmatch(rf"tutor-run-{_PID_NS}\.(\d+)-\w+", name)
+        m = re.fullmatch(rf"tutor-run-{re.escape(_HOST)}\.{_PID_NS}\.(\d+)-\w+", name)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             shutil.rmtree(os.path.join(folder, name), ignore_errors=True)

@@ -7,7 +7,7 @@ import sys
 import tempfile
 
 from common import devices, flight, timing
-from common.runner import files, schema
+from common.runner import files, lifetime, schema
 from common.runner.terminal import path_shown
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
@@ -168,7 +168,10 @@ def space_needed(np, block=4096):
 def check_space(np, folder=None):
     """Blocked (one line) when the temp folder the run folder goes in has too little room: a rank whose
     mapped flight recorder finds the disk full is killed by SIGBUS, with no word of why."""
-    folder = folder or tempfile.gettempdir()
+    folder = folder or lifetime.run_root()
+    setting = "TMPDIR" if folder == tempfile.gettempdir() else "TUTOR_RUN_ROOT"
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:  # runs/ not made yet
+        folder = os.path.dirname(folder)
     try:
         fs = os.statvfs(folder)
     except (OSError, AttributeError):  # no statvfs (Windows) or no folder: the run says what it finds
@@ -176,6 +179,6 @@ def check_space(np, folder=None):
     block = fs.f_frsize or fs.f_bsize or 4096
     need, free = space_needed(np, block), fs.f_bavail * block
     if free < need:
-        where = "TMPDIR" if os.environ.get("TMPDIR") else path_shown(folder)  # the path may be long
+        where = setting if os.environ.get(setting) else path_shown(folder)  # the path may be long
         raise Blocked(f"{where} has {free >> 10} KiB free, {np} rank{'s' * (np > 1)} need {need >> 10} KiB "
-                      "(flight recorders): free some " + ("space" if where == "TMPDIR" else "or set TMPDIR"))
+                      "(flight recorders): free some " + ("space" if where == setting else f"or set {setting}"))
