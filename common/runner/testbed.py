@@ -4,6 +4,12 @@
     with testbed.bed(resolve=False) as b:     # root and `ip` needed; names unique per run
         env = {"MPIEXEC": b.mpiexec}          # -bootstrap-exec b.script -iface b.bridge -hosts A:2,B:2
     # torn down on leaving, at exit, on SIGTERM / SIGHUP; a bed whose owner died is swept by the next one
+    testbed.bed(link_gbit=0.4)                # each node's link shaped (tc's tbf on the bridge's side)
+
+Each node has a /tmp of its own, as a cluster node has (local_tmp=False: the nodes share this machine's):
+every launch into a node runs in a mount namespace of its own with a fresh tmpfs on /tmp, into which
+the paths under /tmp a cluster would share (the checkout, the state folder, `shared`) are bound; the
+tmpfs goes with the last process that sees it, and the qdiscs with the veths: nothing to undo.
 
 The bridge holds one /24 of 10.0.0.0/8 that no route or name server of this machine uses; nothing in
 the namespaces can reach any other address. hydra is given the nodes' addresses, not their names, so
@@ -37,7 +43,19 @@ case "$1" in
   *) echo "testbed {tag}: no node at $1" >&2; exit 255;;
 esac
 shift
-exec ip netns exec "$node" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$node" "$*"
+exec ip netns exec "$node" unshare --uts --mount sh -c {program} "$node" "$*"
+"""
+# inside the node's namespaces ($0: the node, $1: the command); each launch on a node (hydra's proxy,
+# PRRTE's daemon) gets a /tmp of its own, a tmpfs gone with the last process that sees it. The paths
+# under /tmp that a cluster would share (the checkout, the state folder) are bound back into it.
+NODE = """hostname "$0" || exit 255
+{local}exec sh -c "$1"
+"""
+LOCAL_TMP = """mount -t tmpfs -o mode=1777 {tag}-tmp {stage} || exit 255
+for p in {shared}; do
+  mkdir -p "{stage}${{p#/tmp}}" && mount --bind "$p" "{stage}${{p#/tmp}}" || exit 255
+done
+mount --move {stage} /tmp || exit 255
 """
 
 
@@ -48,6 +66,8 @@ class Bed:
     nodes: list       # [(name, address)]: name = network namespace = hostname
     script: str       # the ssh-like launcher hydra's -bootstrap-exec runs
     per_node: int
+    shared: list = None     # the paths under /tmp every node sees; None: the nodes share all of /tmp
+    link_gbit: float = None  # each node's link shaped to this rate (tbf), or None
 
     @property
     def mpiexec(self):
@@ -66,14 +86,41 @@ class Bed:
                 f"{subnet}")
 
 
-def missing():
-    """Why no bed can be made here, or None."""
+def missing(link_gbit=None):
+    """Why no bed can be made here, or None; with link_gbit, a bed whose links are shaped."""
     if os.geteuid() != 0:
         return "the two-node test bed needs root (network namespaces)"
-    for tool in ("ip", "unshare"):
+    for tool in ("ip", "unshare", "mount"):
         if not shutil.which(tool):
             return f"the two-node test bed needs `{tool}` (iproute2, util-linux)"
+    if link_gbit is not None and not shutil.which("tc"):
+        return "a shaped link needs `tc` (iproute2), which is not on PATH"
     return None
+
+
+def tmp_shared(extra=()):
+    """The paths under /tmp that every node must see, outermost only: the checkout (with its venv),
+    the state folder and run folders ($TUTOR_STATE, $TUTOR_RUN_ROOT), and `extra`."""
+    state = os.environ.get("TUTOR_STATE") or os.path.join(ROOT, ".tutor")
+    wanted = [ROOT, os.path.join(ROOT, ".venv"), state, os.environ.get("TUTOR_RUN_ROOT"), *extra]
+    tmp = os.path.realpath("/tmp")
+    found = []
+    for path in sorted({os.path.realpath(p) for p in wanted if p}):
+        if path.startswith(tmp + os.sep) and not any(path.startswith(f + os.sep) for f in found):
+            found.append(path)
+    return found
+
+
+def shape(dev, gbit):
+    """Token bucket on `dev`'s egress: at most gbit Gbit/s, a burst of 2 ms (64 KiB at least: a GSO
+    packet), a queue of 50 ms."""
+    rate = int(gbit * 1e9)
+    burst = max(64 * 1024, rate // 8 // 500)
+    out = subprocess.run(["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}bit", "burst",
+                          str(burst), "latency", "50ms"], capture_output=True, text=True, timeout=30)
+    if out.returncode:
+        raise RuntimeError(f"tc could not shape {dev} to {gbit:g} Gbit/s (tbf): "
+                           + (out.stderr.strip().splitlines() or ["no reason given"])[-1])
 
 
 def ip(*args, check=True):
@@ -106,11 +153,15 @@ def _starttime(pid):
         return None
 
 
-def up(resolve=False, per_node=2, keep=False):
-    """Make a bed of two nodes. keep: it outlives this process (`bin/tutor testbed down` ends it)."""
-    why = missing()
+def up(resolve=False, per_node=2, keep=False, local_tmp=True, link_gbit=None, shared=()):
+    """Make a bed of two nodes. keep: it outlives this process (`bin/tutor testbed down` ends it).
+    local_tmp: each node has a /tmp of its own, as on a cluster (only tmp_shared(shared) is seen by
+    all); link_gbit: each node's link is shaped to that many Gbit/s (tc's tbf, bridge side)."""
+    why = missing(link_gbit)
     if why:
         raise RuntimeError(why)
+    if link_gbit is not None and not 0 < link_gbit < 1000:
+        raise RuntimeError(f"--link-gbit {link_gbit:g}: give a rate above 0 and below 1000 Gbit/s")
     sweep()
     tag = f"{PREFIX}{random.getrandbits(24):06x}"
     owner = "keep" if keep else f"{os.getpid()}:{_starttime(os.getpid())}"
@@ -118,7 +169,7 @@ def up(resolve=False, per_node=2, keep=False):
     hosts = list(net.hosts())
     folder = os.path.join(tempfile.gettempdir(), tag)
     bed = Bed(tag, tag, [(f"{tag}-{n}", str(hosts[9 + i])) for i, n in enumerate("ab")],
-              os.path.join(folder, "ssh"), per_node)
+              os.path.join(folder, "ssh"), per_node, tmp_shared(shared) if local_tmp else None, link_gbit)
     try:
         ip("link", "add", tag, "type", "bridge")
         ip("link", "set", tag, "alias", f"tutor testbed owner={owner}")
@@ -128,6 +179,8 @@ def up(resolve=False, per_node=2, keep=False):
             ip("netns", "add", node)
             ip("link", "add", tag + side, "type", "veth", "peer", "name", "veth0", "netns", node)
             ip("link", "set", tag + side, "master", tag, "up")
+            if link_gbit is not None:  # the bridge's side: what enters the node (gone with the veth)
+                shape(tag + side, link_gbit)
             ip("-n", node, "addr", "add", f"{addr}/24", "dev", "veth0")
             ip("-n", node, "link", "set", "veth0", "up")
             ip("-n", node, "link", "set", "lo", "up")
@@ -138,9 +191,18 @@ def up(resolve=False, per_node=2, keep=False):
                 with open(os.path.join(NETNS_ETC, node, "hosts"), "w") as f:
                     f.write("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in bed.nodes))
         os.makedirs(folder)
+        local = ""
+        if local_tmp:
+            stage = os.path.join(folder, "stage")  # the node's tmpfs is filled here, then moved to /tmp
+            os.mkdir(stage)
+            for path in bed.shared:
+                os.makedirs(path, exist_ok=True)
+            # and this script, where /tmp holds it: a node launches into the other (PRRTE's tree)
+            binds = [*bed.shared, *[p for p in tmp_shared(extra=[folder]) if p not in bed.shared]]
+            local = LOCAL_TMP.format(tag=tag, stage=shlex.quote(stage), shared=" ".join(map(shlex.quote, binds)))
         cases = "\n".join(f"  {a}) node={n};;" for n, a in bed.nodes)
         with open(bed.script, "w") as f:
-            f.write(SSH.format(tag=tag, cases=cases))
+            f.write(SSH.format(tag=tag, cases=cases, program=shlex.quote(NODE.format(local=local))))
         os.chmod(bed.script, 0o755)
     except BaseException:
         down(tag)
@@ -192,9 +254,9 @@ def sweep():
 
 
 @contextmanager
-def bed(resolve=False, per_node=2):
+def bed(resolve=False, per_node=2, local_tmp=True, link_gbit=None, shared=()):
     """A bed for the `with` block, torn down however the block ends (SIGTERM and SIGHUP included)."""
-    b = up(resolve, per_node)
+    b = up(resolve, per_node, local_tmp=local_tmp, link_gbit=link_gbit, shared=shared)
     closer = functools.partial(down, b.tag)
     atexit.register(closer)
     old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -212,9 +274,18 @@ def bed(resolve=False, per_node=2):
         atexit.unregister(closer)
 
 
-def run(argv, resolve=False, per_node=2):
+def describe(b):
+    """The bed, its nodes, what they share of /tmp and their links, wrapped to 100 columns."""
+    from common import text
+    tmp = ("the nodes share this machine's /tmp" if b.shared is None else
+           "each node has a /tmp of its own" + (f"; every node sees {', '.join(b.shared)}" if b.shared else ""))
+    link = f"; each node's link shaped to {b.link_gbit:g} Gbit/s (tbf)" if b.link_gbit is not None else ""
+    return text.wrapped(f"testbed {b.tag}: " + ", ".join(f"{n} {a}" for n, a in b.nodes) + f"; {tmp}{link}")
+
+
+def run(argv, resolve=False, per_node=2, local_tmp=True, link_gbit=None):
     """Run argv (e.g. bin/tutor run 05 -n 4) with MPIEXEC set to a fresh bed's line; its exit status."""
-    with bed(resolve, per_node) as b:
-        print(f"testbed {b.tag}: " + ", ".join(f"{n} {a}" for n, a in b.nodes), flush=True)
+    with bed(resolve, per_node, local_tmp, link_gbit) as b:
+        print(describe(b), flush=True)
         print(f"MPIEXEC={b.mpiexec}", flush=True)
         return subprocess.run(argv, env={**os.environ, "MPIEXEC": b.mpiexec}).returncode
