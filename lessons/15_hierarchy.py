@@ -20,12 +20,12 @@ What to watch for:
     ranks are split into groups that stand in for nodes (--groups MxK:placement, --ranks-per-node).
   * section 2 counts what each rank and each node sent across (by where the peer runs); checks hold
     each rank's reduce-scatter and ring bytes, and the totals, to closed forms (uneven shards too).
-  * section 3 races flat ring, two levels and the library; section 4 the dispatch, flat and layered.
+  * section 3 races flat ring, two levels and the library, on real nodes beside an alpha-beta
+    prediction from this run's own links (hierarchy/model.py); section 4 the dispatch, both ways.
 
-Run it:
-  make lesson-15 NP=6 ARGS="--groups 3x2:round-robin"   (API=torch; 2x3:block: 2 groups of 3 ranks)
+Run it:  make lesson-15 NP=6 ARGS="--groups 3x2:round-robin"  (API=torch; 2x3:block: 2 groups of 3)
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/15_hierarchy.py --ranks-per-node 2
-  bin/tutor testbed run -- bin/tutor run 15 -n 4      (two real nodes of 2 ranks)
+  bin/tutor testbed run --link-gbit 0.8 -- bin/tutor run 15 -n 4   (two real nodes, a slow link)
 Read after: lessons/hierarchy/reference.py (where ranks really run, the routing's reference).
 """
 import contextlib
@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, p2p, report, shards, subgroups, timing  # noqa: E402
-from lessons.hierarchy import show  # noqa: E402
+from lessons.hierarchy import model, show  # noqa: E402
 from lessons.hierarchy.reference import (DMODEL, EXPERTS, PLACEMENTS, TOKENS, delivered, group_for,  # noqa: E402
                                          moe_one_process, moe_tokens, parse_groups, placement_of,
                                          pretend_node, route, row, truth)
@@ -225,7 +225,8 @@ def race(ctx, args, lay, raw, pick, sweep):
                          "busbw": bandwidth.busbw("allreduce", count * itemsize, t, n),
                          "wrong": bad[name], "noise_us": spread[name] * 1e6,
                          "vs_flat": secs["flat ring"] / t if t > 0 else 0.0})
-    return rows
+    real = lay["kind"] == "real" and lay["m"] > 1  # real nodes: the alpha-beta model, from these links
+    return rows, model.calibrate(ctx, raw, lay) if real else None
 
 
 # ---------------------------------------------------------------- section 4: mixture-of-experts dispatch
@@ -386,10 +387,12 @@ def main():
     summary = count_summary(ctx, values, lay, itemsize, args.count)
     if params["race"]:
         report.section(ctx, "3. the race: flat ring, two levels, the library (all-reduce, in place)")
-        rows = race(ctx, args, lay, raw, pick, sweep)             # 3. flat, two levels, the library
+        rows, cal = race(ctx, args, lay, raw, pick, sweep)        # 3. flat, two levels, the library
+        ratios = cal and model.table(rows, cal, lay, n)           #    and the model, on real nodes
         if ctx.rank == 0:
-            show.race(rows, lay, summary, pick, ctx.transport)
-        summary.update(race=rows, race_wrong=sum(r["wrong"] for r in rows if r["algo"] == "two levels"))
+            show.race(rows, lay, summary, pick, ctx.transport, cal, ratios)
+        summary.update(race=rows, race_wrong=sum(r["wrong"] for r in rows if r["algo"] == "two levels"),
+                       race_model=[{"size": s, "measured": a, "predicted": b} for s, a, b in ratios or []])
     report.section(ctx, "4. mixture-of-experts dispatch: flat, and layered (once per node, then fan out)")
     values.update(moe(ctx, args, lay, meter, nets))               # 4. the dispatch, flat and layered
     summary.update(moe_summary(ctx, values, args.tokens))

@@ -9,7 +9,7 @@ import pytest
 
 from common.runner import catalog, engine
 from conftest import ROOT, torch_marks, tutor
-from lessons.hierarchy import reference, show
+from lessons.hierarchy import model, reference, show
 
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
 
@@ -135,3 +135,16 @@ def test_bytes_across_are_said_per_rank_and_per_node_as_counted(m, node, says, n
     assert "the most one rank sent was 300 B flat, 100 B in two levels (x3.00)" in text, text
     assert says in text and "would send about 2(M-1)/M x C = 200 B from each node" in text, text
     assert not_said is None or not_said not in text.split("the most one node")[1], text
+
+
+@pytest.mark.parametrize("placement, edges, ratio", [("block", 1, 1.5), ("round-robin", 2, 3.0)])
+def test_the_model_on_a_link_alone_gives_the_closed_forms(placement, edges, ratio):
+    """N = 4 = 2 nodes x 2: with only the link between nodes costing time (alpha 0, inside free), the
+    flat ring pushes 2(N-1)/N x C x edges into a node, two levels C: 1.5 placed in blocks, 3 round-robin."""
+    places = reference.truth([reference.pretend_node(r, 4, 2, placement) for r in range(4)])
+    lay = {"k": 2, "m": 2, "places": places}
+    assert model.edges_in(places, 4) == edges
+    flat, two = model.predict({"in": (0.0, 0.0), "x": (0.0, 1e-8)}, lay, 4, 1 << 22)
+    assert flat / two == pytest.approx(ratio)
+    slow_inside = model.predict({"in": (0.0, 1e-8), "x": (0.0, 1e-8)}, lay, 4, 1 << 22)
+    assert slow_inside[0] / slow_inside[1] < ratio  # two levels pay for their steps inside too

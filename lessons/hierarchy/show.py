@@ -101,8 +101,21 @@ def race_verdict(rows, lay, sums, transport):
                    f"{sums['two_across_node_max'] / c:.2f} x C")
 
 
-def race(rows, lay, sums, pick, transport):
-    """Section 3: nccl-tests' columns for the three all-reduces, then the verdict."""
+def model(cal, ratios):
+    """Section 3 on real nodes: the calibrated links, and flat ring / two levels measured and predicted."""
+    (a_in, b_in), (a_x, b_x) = cal["in"], cal["x"]
+
+    def link(alpha, beta):
+        return f"alpha {alpha * 1e6:.0f} us, " + (f"{1e-9 / beta:.3g} GB/s" if beta > 0 else "beta below noise")
+    say(f"alpha-beta model of this run's links (lessons/hierarchy/model.py): inside a node {link(a_in, b_in)}; "
+        f"into a node across {link(a_x, b_x)}. Flat ring time / two levels' time:")
+    print(report.table(["size B", "measured", "predicted", "measured / predicted"],
+                       [[size, f"x{got:.2f}", f"x{want:.2f}", f"{got / want:.2f}" if want else "-"]
+                        for size, got, want in ratios], align=[1, 1, 1, 1]))
+
+
+def race(rows, lay, sums, pick, transport, cal=None, ratios=None):
+    """Section 3: nccl-tests' columns for the three all-reduces, the model on real nodes, the verdict."""
     print(f"time: best of {timing.BATCHES} batches, each the slowest rank's mean of {pick['iters']}; "
           "busbw = algbw x 2(N-1)/N\nvs flat: the flat ring's time / this one's; #wrong: items off "
           "the library's by > 2(N-1) x eps")
@@ -111,6 +124,8 @@ def race(rows, lay, sums, pick, transport):
                        [[r["size"], r["count"], r["type"], r["redop"], r["algo"], round(r["time_us"], 1),
                          round(r["algbw"], 3), round(r["busbw"], 3), r["wrong"], round(r["vs_flat"], 2)]
                         for r in rows], align=[1, 1, 0, 0, 0, 1, 1, 1, 1, 1]))
+    if cal:
+        model(cal, ratios)
     say(race_verdict(rows, lay, sums, transport))
 
 
