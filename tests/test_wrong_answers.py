@@ -272,7 +272,6 @@ SHAPE_EXEMPT = {
     "16_scale_on_paper": "priced on paper: its shapes are the clusters of its figures (8 GPUs a node, 1-128 "
                          "nodes, 1-8 NICs) and the dry run's 1024 GPUs, not the ranks that run it",
 }
-LESSONS = catalog.lessons(os.path.join(ROOT, "lessons"))
 
 
 def _lesson_text(lesson):
@@ -284,6 +283,12 @@ def _lesson_text(lesson):
     return text
 
 
+LESSONS = [catalog.resolve(les.id, os.path.join(ROOT, "lessons"))
+           for les in catalog.lessons(os.path.join(ROOT, "lessons"))]
+PLACING = [les for les in LESSONS if "round-robin" in _lesson_text(les)]   # ranks placed in groups
+PLANTING = [les for les in LESSONS if "--fault-rank" in _lesson_text(les)]  # faults planted on a rank
+
+
 def _telling(n):
     """An NP where the usual confusions differ: at least 3, not a power of two, not a square."""
     return n >= 3 and n & (n - 1) != 0 and int(n ** 0.5) ** 2 != n
@@ -291,7 +296,6 @@ def _telling(n):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda les: les.id)
 def test_every_lesson_is_graded_at_an_np_where_mistakes_differ(lesson):
-    lesson = catalog.resolve(lesson.id, os.path.join(ROOT, "lessons"))
     nps = lesson.meta["np"]["check"]
     if lesson.name in SHAPE_EXEMPT:
         assert not any(_telling(n) for n in nps), f"{lesson.name} is graded at a telling NP: drop its exemption"
@@ -300,11 +304,8 @@ def test_every_lesson_is_graded_at_an_np_where_mistakes_differ(lesson):
         f"{lesson.name} is checked at NP {nps} only: add one of 3, 5, 6, 7 (not a power of two, not a square)"
 
 
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda les: les.id)
+@pytest.mark.parametrize("lesson", PLACING, ids=lambda les: les.id)
 def test_placed_groups_are_graded_block_and_round_robin(lesson):
-    lesson = catalog.resolve(lesson.id, os.path.join(ROOT, "lessons"))
-    if "round-robin" not in _lesson_text(lesson):
-        return
     args = lesson.meta.get("args", [])
     assert "--groups" in args, f"{lesson.name} places ranks in groups but its check names no --groups"
     shapes = {}
@@ -319,13 +320,15 @@ def test_placed_groups_are_graded_block_and_round_robin(lesson):
         f"{lesson.name}: groups {every} need one shape with more groups than ranks a group, one with fewer"
 
 
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda les: les.id)
+@pytest.mark.parametrize("lesson", PLANTING, ids=lambda les: les.id)
 def test_planted_faults_are_graded_on_rank_0_and_the_last_rank(lesson):
-    lesson = catalog.resolve(lesson.id, os.path.join(ROOT, "lessons"))
-    if "--fault-rank" not in _lesson_text(lesson):
-        return
     names = " / ".join(c["name"] for c in lesson.meta["expect"])
     assert "rank 0" in names and "last rank" in names, \
         f"{lesson.name} plants faults on a rank but no check grades them on rank 0 and on the last rank"
     nps = lesson.meta["np"]["check"]
     assert 2 in nps, f"{lesson.name}: NP 2 (no majority: a tie) must be a check NP"
+
+
+def test_the_shape_rules_find_the_lessons_they_are_for():
+    """The rules above pick lessons by their sources: 15 places ranks in groups, 14 plants faults."""
+    assert [les.id for les in PLACING] == ["15"] and [les.id for les in PLANTING] == ["14"]
