@@ -62,9 +62,9 @@ def test_flag_types_refuse_bad_input(lesson):
     assert lesson.workers_count("3") == 3
 
 
-def ctx(api="mpi4py", transport="mpi", device="cpu"):
+def ctx(api="mpi4py", transport="mpi", device="cpu", world_size=2):
     from types import SimpleNamespace
-    return SimpleNamespace(api=api, transport=transport, device=device)
+    return SimpleNamespace(api=api, transport=transport, device=device, world_size=world_size)
 
 
 def test_conclusions_follow_the_numbers():
@@ -77,6 +77,17 @@ def test_conclusions_follow_the_numbers():
     assert "released the GIL" in text and "little cpu" in text and "freeze" in text
     text = "\n".join(show.conclusions(ctx(), {**speed, "cpu_threads": 1.9}, {}, False, 2))
     assert "1.90x (gain)" in text and "noisy" not in text
+
+
+def test_one_rank_reads_no_speedup_from_its_ranks_column():
+    """On a lent H100 node at -n 1, 'MPI ranks: 0.84x ... is the machine busy?' printed: one rank times
+    the same loop again, so its column is noise, not a split; the processes' 2.5x of 4 workers is read."""
+    speed = {"cpu_threads": 1.0, "cpu_processes": 2.53, "cpu_ranks": 0.84, "numpy_threads": 2.5,
+             "wait_threads": 3.9}
+    one = "\n".join(show.conclusions(ctx(world_size=1), speed, {}, True, 16))
+    assert "MPI ranks:" not in one and "busy" not in one and "splits nothing" in one, one
+    two = "\n".join(show.conclusions(ctx(world_size=2), speed, {}, True, 16))
+    assert "MPI ranks: 0.84x" in two and "is the machine busy?" in two, two
 
 
 @pytest.mark.parametrize("kept, cpu, says, not_said", [

@@ -62,7 +62,8 @@ def over_ranks(ctx, lo, hi, looped, whole, timed, best, speed):
     report.say(ctx, f"pid {os.getpid()}  my part [{lo}, {hi})  looped over {looped}\nall parts' sum {whole}")
     if ctx.rank == 0:
         print(f"serial (part 1): {timed['cpu']['serial'][0] * 1e3:.1f} ms, split across {ctx.world_size} "
-              f"rank(s): {best * 1e3:.1f} ms -> {speed['cpu_ranks']:.2f}x")
+              f"rank(s): {best * 1e3:.1f} ms -> {speed['cpu_ranks']:.2f}x"
+              + (" (one rank: the same loop timed again)" if ctx.world_size < 2 else ""))
 
 
 def recv_label(ctx):
@@ -146,9 +147,12 @@ def conclusions(ctx, speed, got, gil_on, cores):
     lines = [f"pure-Python threads: {cpu_t:.2f}x ({gains(cpu_t)}); with the GIL "
              f"{'on one thread runs Python at a time' if gil_on else 'off they should scale'}"
              + ("" if gains(cpu_t) == want else ": not what the GIL state predicts, a noisy run?")]
-    busy = "" if min(cpu_p, ranks) >= 1.3 or cores < 2 else ": less than the cores allow, is the machine busy?"
-    lines.append(f"processes: {cpu_p:.2f}x, MPI ranks: {ranks:.2f}x on {cores} usable core(s): each "
-                 f"has its own interpreter and GIL{busy}")
+    split = getattr(ctx, "world_size", 2) > 1  # one rank runs the whole loop again: no speedup to read
+    busy = "" if min(cpu_p, ranks if split else cpu_p) >= 1.3 or cores < 2 else \
+        ": less than the cores allow, is the machine busy?"
+    lines.append(f"processes: {cpu_p:.2f}x" + (f", MPI ranks: {ranks:.2f}x" if split else "") +
+                 f" on {cores} usable core(s): each has its own interpreter and GIL{busy}" +
+                 ("" if split else "; one MPI rank splits nothing (its column times the same loop again)"))
     lines.append(f"NumPy threads: {speed['numpy_threads']:.2f}x ({gains(speed['numpy_threads'])})" +
                  (": its loops run in C with the GIL released" if speed["numpy_threads"] >= 1.3 else
                   ": NumPy releases the GIL in its loops, but this run shows no gain from it"))
@@ -163,7 +167,7 @@ def conclusions(ctx, speed, got, gil_on, cores):
                                 "thread of the rank" if got["hold_fraction"] < 0.4 else
                                 ", not the freeze the GIL predicts: a noisy run?"))
     if gil_on and cpu_t < 1.3:
-        shown = "as the process column shows" if max(cpu_p, ranks) >= 1.3 else \
+        shown = "as the process column shows" if max(cpu_p, ranks if split else cpu_p) >= 1.3 else \
             "which this run's busy cores hide, but the thread column still shows the GIL"
         lines.append("so PyTorch's DistributedDataParallel runs one process per GPU, not one thread: the "
                      "Python a step runs (the forward's module calls, the loss, the optimizer's update, the "
