@@ -1,0 +1,99 @@
+"""What lesson 17's rank 0 prints: a table per section, and sentences chosen by this run's numbers.
+
+Collective where a function gathers (every rank calls it; rank 0 prints)."""
+from common import report, text, tolerance
+
+
+def _g(x):
+    return f"{x:.3g}"
+
+
+def sums(ctx, rows, count):
+    """Section 1: RMS error of the ring and the library per dtype, the budget's use, the library's order."""
+    n = ctx.world_size
+    report.section(ctx, f"1. a sum of {n} ranks' {count} values, api {ctx.api} ({ctx.transport}): "
+                        f"error against float64")
+    every = ctx.comm.gather(rows, root=0)
+    if ctx.rank:
+        return
+    table = []
+    for i, row in enumerate(rows):
+        mine = [r[i] for r in every]
+        table.append([row["dtype"], _g(tolerance.unit_roundoff(row["dtype"])), _g(max(m["ring_rms"] for m in mine)),
+                      _g(max(m["lib_rms"] for m in mine)), _g(max(max(m["ring_worst"], m["lib_worst"]) for m in mine)),
+                      sum(m["ring_over"] + m["lib_over"] for m in mine)])
+    print(report.table(["dtype", "u", "ring RMS", "library RMS", "worst/budget", "#over"], table,
+                       align=[0, 1, 1, 1, 1, 1]))
+    print(text.wrapped(f"RMS over elements, largest over ranks. budget: gamma_k * sum|x| per element, k = "
+                       f"N-1 = {n - 1} (common/tolerance.py); worst/budget: the largest |error| / budget; "
+                       "#over: elements outside it, all ranks"), flush=True)
+    if n == 1:
+        print("one rank: nothing is added, so nothing rounds", flush=True)
+        return
+    said = {}  # what the run showed -> the dtypes it showed it for
+    for i, row in enumerate(rows):
+        seen = {tuple(r[i]["lib_matches"]) for r in every}
+        alike = "the same bits on every rank" if all(r[i]["lib_alike"] for r in every) else \
+            "different bits on different ranks"
+        order = ("equal, bit for bit, to: " + "; ".join(next(iter(seen))) if len(seen) == 1 and seen != {()}
+                 else "none of the simple orders tried (lessons/numerics/orders.py)")
+        said.setdefault(f"{alike}, {order}", []).append(row["dtype"])
+    for what, dtypes in said.items():
+        print(text.wrapped(f"the library's {', '.join(dtypes)}: {what}"), flush=True)
+
+
+def fit(ctx, out):
+    """Section 2: RMS error against N in one process, and the two fitted slopes."""
+    report.section(ctx, "2. one process, bfloat16: each hop rounds (a ring) vs float32 adds, one rounding")
+    if ctx.rank:
+        return
+    print(report.table(["N", "hop by hop RMS", "fp32 adds RMS"],
+                       [[r["n"], _g(r["hop_rms"]), _g(r["acc_rms"])] for r in out["fit"]], align=[1, 1, 1]))
+    gap, noise = out["slope_gap"], out["hop_noise"] + out["acc_noise"]
+    said = (f"slope of log2 RMS against log2 N: hop by hop {out['hop_slope']:.2f} +- {out['hop_noise']:.2f}, "
+            f"fp32 adds {out['acc_slope']:.2f} +- {out['acc_noise']:.2f} (the fit's standard errors). ")
+    if gap > 2 * noise:
+        said += f"The ring's error grows faster, by {gap:.2f} in the exponent, beyond the fit's noise."
+    else:
+        said += "This run cannot tell the two slopes apart beyond the fit's noise."
+    print(text.wrapped(said), flush=True)
+
+
+def wide(ctx, rs, ring, count):
+    """Section 3: build (a) against the bfloat16 ring of section 1."""
+    n = ctx.world_size
+    report.section(ctx, "3. build (a): bfloat16 on the wire, float32 adds (all-to-all, add, all-gather)")
+    every = ctx.comm.gather(rs, root=0)
+    rings = ctx.comm.gather(ring, root=0)
+    if ctx.rank:
+        return
+    print(report.table(["", "RMS error", "bytes sent, all ranks", "#over"],
+                       [["bf16 ring (section 1)", _g(max(r["ring_rms"] for r in rings)), rings[0]["ring_total"],
+                         sum(r["ring_over"] for r in rings)],
+                        ["build (a)", _g(max(r["rs_rms"] for r in every)), every[0]["rs_total"],
+                         sum(r["rs_over"] for r in every)],
+                        ["exact sum rounded once", _g(every[0]["rs_once"]), "-", "-"]], align=[0, 1, 1, 1]))
+    print(text.wrapped(f"want: 2 B x 2(N-1) x {count} = {4 * (n - 1) * count} B over all ranks for both. "
+                       "build (a)'s budget: float32 adds, one rounding to bfloat16 (common/tolerance.py)"),
+          flush=True)
+
+
+def reproducible(ctx, rp, m):
+    """Section 4: build (b) against one process's tree and the library."""
+    n = ctx.world_size
+    ranks = f"{n} rank" + ("s" if n > 1 else "")
+    report.section(ctx, f"4. build (b): a reproducible all-reduce of {m} contributions over {ranks}")
+    every = ctx.comm.gather(rp, root=0)
+    if ctx.rank:
+        return
+    rows = report.once([(r, e["digest"], e["mismatches"], e["lib_differs"], e["tree_over"] + e["mean_over"])
+                        for r, e in enumerate(every)])
+    print(report.table(["rank", "digest (sha256, first 16)", "#differ from tree", "#library differs", "#over"],
+                       rows, align=[0, 0, 1, 1, 1]))
+    r0 = every[0]
+    print(text.wrapped(
+        f"#differ from tree: elements not bitwise equal to one process's tree sum; run -n 1, 2, 3 ... and the "
+        f"digest stays. The library's all-reduce of each rank's block sum differs in "
+        f"{r0['lib_differs']} elements: the same values added in another order. Cost: "
+        f"{r0['repro_us']:.0f} us against the library's {r0['lib_us']:.0f} us, {r0['cost_ratio']:.2f}x "
+        f"(slowest rank's mean, this run)."), flush=True)

@@ -1,0 +1,129 @@
+"""Lesson 17's pieces as pure functions, no MPI: the bfloat16 emulation, the oracle's formula against
+hand-computed cases (common/tolerance.py), and the reproducible sum's bitwise identity across splits."""
+import math
+
+import numpy as np
+import pytest
+
+from common import bootstrap, shards, tolerance
+from lessons.numerics import bf16, orders, tree, wire
+
+seventeen = bootstrap.lesson_module("17")
+U32, U16 = 2.0 ** -24, 2.0 ** -8
+
+
+def f32(bits):
+    return np.array([bits], np.uint32).view(np.float32)
+
+
+# ---------------------------------------------------------------- bfloat16 on NumPy
+@pytest.mark.parametrize("bits, want", [
+    (0x3F800000, 0x3F80),   # 1.0: exact
+    (0x3F808000, 0x3F80),   # 1 + 2**-8: a tie, to the even neighbour (down)
+    (0x3F818000, 0x3F82),   # 1 + 3 * 2**-8: a tie, to the even neighbour (up)
+    (0x3F808001, 0x3F81),   # just above the tie: up
+    (0x3F807FFF, 0x3F80),   # just below: down
+    (0xBF818000, 0xBF82),   # the sign rides along
+    (0x7F800000, 0x7F80),   # infinity stays infinity
+    (0x7F7FFFFF, 0x7F80),   # the largest float32 rounds up to infinity, as round-to-nearest does
+])
+def test_bf16_rounds_to_nearest_even(bits, want):
+    assert int(bf16.encode(f32(bits))[0]) == want
+
+
+def test_bf16_nan_stays_nan_and_decode_is_exact():
+    assert np.isnan(bf16.decode(bf16.encode(np.array([np.nan], np.float32))))[0]
+    bits = np.arange(0, 0x7F80, 7, dtype=np.uint16)  # finite positives, every 7th pattern
+    assert np.array_equal(bf16.encode(bf16.decode(bits)), bits)
+
+
+def test_bf16_is_the_nearest_of_its_two_neighbours():
+    x = np.random.default_rng(0).standard_normal(20000).astype(np.float32)
+    got = bf16.decode(bf16.encode(x)).astype(np.float64)
+    down = bf16.decode((x.view(np.uint32) >> 16).astype(np.uint16)).astype(np.float64)  # toward zero
+    up = bf16.decode(((x.view(np.uint32) >> 16) + 1).astype(np.uint16)).astype(np.float64)
+    x64 = x.astype(np.float64)
+    assert np.all(np.abs(got - x64) <= np.minimum(np.abs(down - x64), np.abs(up - x64)))
+    assert np.all(np.abs(got - x64) <= U16 * np.abs(x64))  # within the unit roundoff the oracle uses
+
+
+def test_bf16_add_rounds_once_per_add():
+    a, b = bf16.encode(np.float32([1.0])), bf16.encode(np.float32([2.0 ** -9]))  # half of half an ulp
+    bf16.add(a, b)
+    assert bf16.decode(a)[0] == 1.0  # lost: below half an ulp of 1 in bf16
+
+
+# ---------------------------------------------------------------- the oracle, by hand
+@pytest.mark.parametrize("n, algorithm, k", [(1, "ring", 0), (2, "ring", 1), (5, "ring", 4), (1, "tree", 0),
+                                             (2, "tree", 1), (5, "tree", 3), (8, "tree", 3), (9, "tree", 4)])
+def test_depth(n, algorithm, k):
+    assert tolerance.depth(n, algorithm) == k
+
+
+def test_budget_by_hand():
+    assert tolerance.gamma(3, U32) == pytest.approx(3 * U32 / (1 - 3 * U32), rel=1e-15)
+    assert tolerance.budget("float32", 4, "ring", 10.0) == pytest.approx(10 * 3 * U32 / (1 - 3 * U32), rel=1e-15)
+    assert tolerance.budget("float32", 4, "tree", 10.0) == pytest.approx(10 * 2 * U32 / (1 - 2 * U32), rel=1e-15)
+    g = 2 * U32 / (1 - 2 * U32)  # 3 values, fp32 adds, one rounding to bf16
+    assert tolerance.budget("bfloat16", 3, "ring", 1.0, accumulate="float32") == pytest.approx(g + U16 * (1 + g))
+    b = 2 * U32 / (1 - 2 * U32) * 6.0
+    assert tolerance.mean_budget("float32", 3, "ring", 6.0, 3) == pytest.approx((b + U32 * (6.0 + b)) / 3)
+    assert tolerance.budget("float16", 1, "ring", 5.0) == 0  # nothing added: nothing rounds
+    assert math.isinf(tolerance.gamma(256, U16))  # k*u >= 1: no bound at all
+
+
+def test_budget_refuses_what_it_does_not_know():
+    with pytest.raises(ValueError, match="unit roundoff"):
+        tolerance.budget("int8", 4, "ring", 1.0)
+    with pytest.raises(ValueError, match="algorithm"):
+        tolerance.depth(4, "butterfly")
+
+
+@pytest.mark.parametrize("dtype", wire.DTYPES)
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_budget_holds_a_chain_and_not_a_missing_term(dtype, n):
+    every = [bf16.round_to(np.random.default_rng(s).standard_normal(4096), dtype) for s in range(n)]
+    exact, abs_sum = np.sum(every, axis=0), np.sum(np.abs(every), axis=0)
+    budget = tolerance.budget(dtype, n, "ring", abs_sum)
+    chain = orders.candidates(every, dtype)["rank order 0,1,..,N-1, each add rounded"]
+    assert np.all(np.abs(chain - exact) <= budget)
+    assert np.mean(np.abs(np.sum(every[1:], axis=0) - exact) > budget) > 0.9  # one rank left out
+
+
+# ---------------------------------------------------------------- the reproducible sum
+@pytest.mark.parametrize("m", [1, 2, 5, 12, 17])
+def test_owned_nodes_cover_every_contribution_once(m):
+    for n in range(1, 9):
+        covered = sorted(j for lo, hi in shards.chunk_bounds(m, n) for a, b in tree.owned(m, lo, hi)
+                         for j in range(a, b))
+        assert covered == list(range(m)), (m, n)
+
+
+@pytest.mark.parametrize("m", [3, 12, 17])
+def test_the_tree_sum_is_bitwise_the_same_at_every_split(m):
+    world = [np.random.default_rng(100 + j).standard_normal(2048).astype(np.float32) for j in range(m)]
+    want = tree.one_process(world)
+    for n in range(1, 9):
+        known = {}
+        for lo, hi in shards.chunk_bounds(m, n):  # each "rank" sums its own nodes
+            mine = {j: world[j] for j in range(lo, hi)}
+            known.update({(a, b): tree.node_sum(mine, a, b) for a, b in tree.owned(m, lo, hi)})
+        assert np.array_equal(tree.finish(known, m).view(np.uint32), want.view(np.uint32)), n
+    chain = np.zeros(2048, np.float32)
+    for x in world:
+        chain = chain + x
+    assert m <= 3 or not np.array_equal(chain, want)  # telling: past 3 values, a chain is another order
+
+
+def test_the_tree_is_log_deep():
+    def deepest(a, b):
+        return 0 if b - a == 1 else 1 + max(deepest(a, tree.split(a, b)), deepest(tree.split(a, b), b))
+    assert [deepest(0, m) for m in (1, 2, 3, 8, 9, 12)] == [tolerance.depth(m, "tree") for m in (1, 2, 3, 8, 9, 12)]
+
+
+def test_accumulate_rounds_once():
+    host = wire.host("bfloat16")
+    every = [bf16.round_to(np.random.default_rng(s).standard_normal(4096), "bfloat16") for s in range(5)]
+    got = host.get(seventeen.accumulate([host.put(x) for x in every], host))
+    assert np.array_equal(got, bf16.round_to(np.sum(np.array(every, np.float32), axis=0, dtype=np.float32),
+                                             "bfloat16"))
