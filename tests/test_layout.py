@@ -38,3 +38,42 @@ def test_the_readme_opens_with_the_way_in_and_keeps_environments_below_it():
     ids = [line.split("|")[1].strip() for line in before.splitlines() if line.startswith("| ")]
     assert [i for i in ids if i.isdigit()] == sorted(f for f in {p[:2] for p in os.listdir(
         os.path.join(ROOT, "lessons")) if p[:2].isdigit()}), "the path lists every lesson, in order"
+
+
+def layout_block():
+    """README's Layout section: {folder: the file names its lines (and their continuation lines) name}."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    named, folder = {}, None
+    for line in filter(str.strip, block.splitlines()):
+        if line[:1].strip():  # a folder's (or file's) own line; continuation lines start with spaces
+            folder = line.split()[0]
+            named.setdefault(folder, set())
+            words = line.split()[1:]
+        else:
+            words = line.split()
+        named[folder] |= {w.strip(",.:;()") for w in words if w.strip(",.:;()").endswith(".py")}
+    return named
+
+
+def test_the_readme_layout_names_every_module_of_common_and_the_runner():
+    named = layout_block()
+    for folder in ("common/", "common/runner/"):
+        there = {f for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".py") and f != "__init__.py"}
+        assert named.get(folder) == there, (f"README's Layout, {folder}: missing {sorted(there - named[folder])}, "
+                                            f"not in the tree {sorted(named[folder] - there)}")
+    for folder in named:
+        assert os.path.exists(os.path.join(ROOT, folder)), f"README's Layout names {folder}, which is not there"
+
+
+def test_the_layout_check_reads_a_missing_module_as_missing(monkeypatch):
+    """The check above can fail: a Layout that leaves out one module of common/ is caught."""
+    real = layout_block()
+    monkeypatch.setattr(__import__(__name__), "layout_block",
+                        lambda: {**real, "common/": real["common/"] - {"p2p.py"}})
+    try:
+        test_the_readme_layout_names_every_module_of_common_and_the_runner()
+    except AssertionError as exc:
+        assert "missing ['p2p.py']" in str(exc)
+    else:
+        raise AssertionError("a Layout without common/p2p.py passed")
