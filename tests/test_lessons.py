@@ -4,10 +4,10 @@
   * the mpi4py GPU path under the GPU double (tests/gpu_double: CuPy and NCCL stood in over MPI) at
     the check NPs up to 3: a world of one or two (where a rank's left and right neighbour are one
     rank) and 3, the first odd NP, with uneven chunks and distinct neighbours;
-  * --api torch on CPU at one NP, the largest check NP up to 3. A lesson's algorithm is one code for
-    every API (only the backend's calls differ), so torch at the other NPs would repeat what the
-    mpi4py runs check there while paying torch's import on every rank. `make check`, which CI runs
-    after `make test`, still runs the full grid: every NP on every API;
+  * --api torch on CPU at every NP of the check list too: these runs load torch on every rank, so they
+    carry the torch mark and run in `make test-torch`; with the mpi4py runs they are the whole grid
+    `bin/tutor check` runs (every check NP on every API), which is why CI does not run `make check`
+    again after them;
   * the real-GPU cases skip with a reason when there is no GPU.
 
 Runs go through the runner in this process (common/runner/engine.py, as `bin/tutor run` calls it), so
@@ -26,8 +26,7 @@ from readable import problems as unreadable  # every line <= 100 columns, nothin
 from test_runner import assert_whole_names  # the checks table: every name whole, within 100 columns
 
 CASES, GPU_CASES, DOUBLE_CASES, BROKEN = [], [], [], []
-SMALL_NP = 3  # the double runs at the check NPs up to this one (the smallest, when none is); torch at
-# the largest of those
+SMALL_NP = 3  # the double runs at the check NPs up to this one (the smallest, when none is)
 # GUIDE §5: an --api mpi4py CPU run imports neither torch nor CuPy; except where torch is the subject
 # (TORCH_LESSONS: the model is a torch model, MPI only moves its gradients)
 
@@ -45,7 +44,7 @@ for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
     checks = meta["np"]["check"]
     for api in meta["apis"]:
         GPU_CASES.append(pytest.param(lesson, meta, api, id=f"{lesson.name}-gpu-{api}"))
-        for n in (checks if api == "mpi4py" else small(checks)[-1:]):
+        for n in checks:
             CASES.append(pytest.param(lesson, meta, n, api, id=f"{lesson.name}-np{n}-{api}",
                                       marks=torch_marks(lesson.name, api)))
     if "mpi4py" in meta["apis"] and "gpu" in meta.get("devices", ["cpu", "gpu"]):
