@@ -1,9 +1,10 @@
 """What lesson 16 prints on rank 0: the link classes, the figures against their prediction, the step
 table, the dry run against closed forms, the calibration, your cluster's prices."""
-from common import bandwidth, report, text
+import re
+
+from common import report, text
 from lessons.scale_on_paper import links, step
 
-HBM_GB = 80                  # H100 SXM memory: "80 GB HBM3 (5 stacks)", glennklockwood.com/garden/processors/h100
 
 
 def say(paragraph):
@@ -14,56 +15,73 @@ def short(url):
     return url.replace("https://", "").replace("github.com/", "gh:")
 
 
+def issue(url):
+    """gh:NVIDIA/nccl-tests/issues/212 -> nccl-tests#212; any other address as short() writes it."""
+    return re.sub(r"^gh:NVIDIA/([\w-]+)/issues/(\d+)$", r"\1#\2", short(url))
+
+
 # ---- section 1: the cluster from its data sheet, against published figures ---------------------
 
 def link_classes(classes):
-    say(f"one protocol efficiency for every link: {links.EFFICIENCY:.3f} (370 of 450 GB/s, "
-        f"{short(links.EFFICIENCY_SOURCE)}); so that sentence's H100 ring figure is not a check")
-    print(report.table(["link class", "GB/s one way", "alpha us", "read at (full address: the JSON)"],
-                       [(v["what"], v["GBps"], v["alpha_us"], short(v["source"]).split("/")[0])
-                        for v in classes.values()]))
-    say(f"alpha: the upper end of the latency ranges read at {short(links.ALPHA_SOURCE)}; the "
-        "figures are at GiB sizes, where it moves no busbw by 1%")
+    print(report.table(["link class", "GB/s", "eff", "alpha us", "rate read at", "eff from"],
+                       [(v["what"], v["GBps"], round(v["eff"], 3), v["alpha_us"], short(v["source"]).split("/")[0],
+                         issue(v["eff_source"]).split("/")[-1]) for v in classes.values()]))
+    say("GB/s: a GPU's link, one direction. Efficiency per kind of link: NVLink at the rate NCCL "
+        "itself prices a link (topo.h: 20.0 GB/s on A100, 20.6 on H100, of 25), a NIC at 24 of 25 GB/s "
+        "(NCCL's maintainer, nccl-tests#119); alpha: NCCL's own latency of a ring step (tuning.cc); "
+        "full addresses in the JSON")
 
 
-def figures(rows, misses):
-    head = ["cluster (all-reduce busbw, GB/s)", "pred", "publ", "ratio", "source"]
-    print(report.table(head, [(f["label"], round(f["predicted"], 1), f["published"], round(f["ratio"], 2),
-                               short(f["source"])) for f in rows],
-                       align=[False, True, True, True, False]))
-    inside = sum(0.85 <= f["ratio"] <= 1.15 for f in rows)
-    print(f"{inside} of {len(rows)} within +-15% (the runner checks every one)")
-    nic_bound = [f for f in rows if f["nodes"] > 1 and f["nics_per_node"] * f["nic_GBps"] < f["intra_GBps"]]
-    if any(f["ratio"] < 0.9 for f in nic_bound):  # what those figures say NCCL gets out of a NIC
-        got = [f["published"] / f["nic_GBps"] / (1 if f["per_nic"] else f["nics_per_node"]) for f in nic_bound]
-        say(f"the rows bound by the NICs imply NCCL gets {', '.join(f'{x:.2f}' for x in got)} of "
-            f"the NICs' line rate, against the {links.EFFICIENCY:.2f} of NVLink the model uses for "
-            "every link: one efficiency is the model's simplification, and why those rows sit "
-            "low, some near -15%")
-    print("\nwhat the model misses:")
-    print(report.table(head, [(f["label"], round(f["predicted"], 1), f["published"], round(f["ratio"], 2),
-                               short(f["source"])) for f in misses],
-                       align=[False, True, True, True, False]))
-    implied = []
-    for f in misses:
-        g = f["gpus_per_node"]  # algbw = busbw n/(2(n-1)); the link carries (n+1)/n of that
-        implied.append(f["published"] * g / (2 * (g - 1)) * (g + 1) / g / f["intra_GBps"])
-    if misses:  # what the model lacks; no cause claimed (two figures, one switch generation)
-        say(f"the model has no term for a switch that reduces: it moves (n+1)/n of the buffer over each "
-            f"GPU's link at the ring's efficiency ({links.EFFICIENCY:.2f}) and predicts "
-            f"{', '.join(format(f['ratio'], '.2f') for f in misses)} x the published busbw, which implies "
-            f"{', '.join(f'{x:.2f}' for x in implied)} of the line rate. Where the rest goes, these "
-            "figures do not say; nor can two figures on one switch generation say whether the gap is "
-            "a constant: no factor is fitted")
+ALGO_WHY = {"ring": "2(n-1)/n of the buffer over the slowest link class",
+            "tree": "chain in the node, double binary tree across nodes, at .92",
+            "nvls": "NVLink SHARP: (n+1)/n over each link, at NVLS's 0.85",
+            "nvls_tree": "NVLS in the node, a tree across nodes"}
+
+
+def _why(f):
+    """Why this algorithm: held to it by NCCL_ALGO, or the least priced time among those the cluster has."""
+    if f["forced"]:
+        return f"held to {f['forced']}"
+    others = [(a, f[a + "_bw"]) for a in links.ALGOS if f[a + "_bw"] and a != f["algo"]]
+    return "> " + ", ".join(f"{a} {bw:.0f}" for a, bw in others) if others else ""
+
+
+def _rows(rows):
+    return [(f["label"], f["algo"], _why(f), round(f["predicted"], 1), f["published"], round(f["ratio"], 2),
+             issue(f["source"])) for f in rows]
+
+
+def figures(rows, misses, sources=()):
+    head = ["all-reduce busbw, GB/s", "NCCL runs", "why", "pred", "publ", "ratio", "source"]
+    align = [False, False, False, True, True, True, False]
+    print(report.table(head, _rows(rows), align=align))
+    inside = sum(0.9 <= f["ratio"] <= 1.1 for f in rows)
+    say(f"{inside} of {len(rows)} within +-10% (the runner checks every one). NCCL runs the algorithm its "
+        "tuner prices fastest (tuning.cc), unless held to one; the others' busbw beside it:")
+    for algo, why in ALGO_WHY.items():
+        print(f"  {algo:9s} {why}")
+    for f in sources:
+        say(f"not a check: {f['label']}, {f['published']} GB/s ({issue(f['source'])}) is the NIC "
+            f"efficiency's own source (the model gives {f['predicted']:.1f})")
+    if misses:
+        print("\nwhat the model misses, and why (read it at the source):")
+        print(report.table(head, _rows(misses), align=align))
+        for f in misses:
+            say(f"{f['label']}: {f['why']}")
 
 
 # ---- section 2: a training step -----------------------------------------------------------------
 
-def steps(rows, gpus_per_node, refused=None):
+def steps(rows, args, refused=None):
+    gpus_per_node, hbm = args.gpus_per_node, args.hbm_GB
     tps = "/".join(str(t) for t in sorted({r["tp"] for r in rows if r["strategy"] == "3d"}))
+    lo, hi = args.mfu
+    mfu = (f"{lo:.1%}-{hi:.1%} of it, Llama 3's 380-430 TFLOP/s a GPU ({short(step.MFU_SOURCE)})"
+           if tuple(args.mfu) == step.MFU else f"{lo:.1%}-{hi:.1%} of it (--mfu)")
+    peak = f"H100 BF16 dense peak, {short(step.PEAK_SOURCE)}" if args.tflops * 1e12 == step.PEAK else "--tflops"
     say(f"{step.SEQS} sequences of {step.SEQ} tokens per step at any GPU count; bf16 on the wire; "
-        f"compute at {step.FLOPS / 1e12:.1f} TFLOP/s per GPU (H100 BF16 dense peak, "
-        f"{short(step.FLOPS_SOURCE)}): the least it can take, so the hardest to hide behind. "
+        f"compute at {args.tflops:.1f} TFLOP/s per GPU ({peak}) times a published run's model FLOPs "
+        f"utilisation, {mfu}. "
         f"3D: TP {tps or '-'} in a node (its GPUs and the heads split evenly, at most {step.TP}), PP up "
         f"to {step.PP} stages across nodes (the layers split evenly), DP the rest; {gpus_per_node} GPUs "
         "a node, GPU counts in whole nodes")
@@ -78,26 +96,40 @@ def steps(rows, gpus_per_node, refused=None):
         else:
             where = "3 passes"  # gather, gather again, reduce-scatter (the root: 2)
         body.append((r["model"], r["world"], r["strategy"], r["calls"], round(r["comm_bytes"] / 1e9, 1),
-                     round(r["comm_s"], 3), round(r["latency_s"], 3), round(r["busy_s"], 3),
+                     round(r["comm_s"], 3), round(r["latency_s"], 3), f"{r['busy_fast_s']:.3g}-{r['busy_s']:.3g}",
                      f"{r['step_lo']:.3g}-{r['step_hi']:.3g}", round(r["state_gb"], 1), where))
     print(report.table(["model", "GPUs", "plan", "calls", "GB sent", "comm s", "alpha s", "compute s", "step s",
                         "state GB", "most comm"], body,
                        align=[False, True, False, True, True, True, True, True, False, True, False]))
-    over = [f"{r['model']} {r['strategy']} on {r['world']}" for r in rows if r["state_gb"] > HBM_GB]
+    over = [f"{r['model']} {r['strategy']} on {r['world']}" for r in rows if r["state_gb"] > hbm]
     if over:
-        say(f"state over an H100's {HBM_GB} GB (weights and optimizer alone): " + ", ".join(over))
+        say(f"state over a GPU's {hbm:g} GB (weights and optimizer alone): " + ", ".join(over))
     say("per GPU per step: GB sent, and calls: the collectives (3D: and the pipeline's sends) as "
         "section 3's dry run counts them; comm s = calls x each call's latencies (alpha s) + bytes / "
-        "bandwidth, rings only (no tree); compute s: 3D's with its bubble; step s: all comm hidden - "
-        f"none hidden; state GB: {step.STATE} B a parameter (bf16 weight and grad, fp32 master and "
-        "Adam), activations left out. DP: the faster of the flat ring (the slowest link's bandwidth, "
-        "2(N-1) latencies a bucket) and two levels (fewer latencies, the node's NICs shared by its "
-        "GPUs); the JSON keeps every part")
+        "bandwidth, rings only (no tree); compute s: at the fast - slow MFU, 3D's with its bubble; "
+        "step s: all comm hidden at the fast MFU - none hidden at the slow; state GB: "
+        f"{step.STATE} B a parameter (bf16 weight and grad, fp32 master and Adam), activations left "
+        "out. DP: the faster of the flat ring (the slowest link's bandwidth, 2(N-1) latencies a "
+        "bucket) and two levels (fewer latencies, the node's NICs shared by its GPUs); the JSON keeps "
+        "every part")
     exposed = [r for r in rows if r["comm_s"] > r["busy_s"]]
     if exposed:  # the verdict the prices give: communication no overlap can hide
         say("comm longer than compute, so not all of it can hide (comm s > compute s, latency's share): " +
             ", ".join(f"{r['model']} {r['strategy']} on {r['world']} ({r['comm_s']:.3g} > {r['busy_s']:.3g}, "
                       f"{r['latency_s'] / r['comm_s']:.0%})" for r in exposed))
+
+
+def step_figures(rows):
+    """Published steps against the step's range, each priced as its own run (its tokens a step)."""
+    print("\npublished steps, tokens a second a GPU, each priced as its own run:")
+    print(report.table(["model", "GPUs", "plan", "tokens/step", "range tok/s/GPU", "publ", "inside", "source"],
+                       [(f["model"], f["world"], f["strategy"], f["tokens"],
+                         f"{f['slow_tps']:.0f}-{f['fast_tps']:.0f}", f["published"], "yes" if f["inside"] else "NO",
+                         short(f["source"]).split("/blob")[0]) for f in rows],
+                       align=[False, True, False, True, False, True, False, False]))
+    for f in rows:
+        if not f["inside"]:
+            say(f"missed: {f['model']} {f['strategy']} on {f['world']}: {f['why']}")
 
 
 # ---- section 3: the dry run ---------------------------------------------------------------------
@@ -155,13 +187,16 @@ def calibration(model, rows, world_size, transport):
 
 # ---- section 5: your cluster ---------------------------------------------------------------------
 
-def yours(c, size):
-    """An all-reduce of `size` bytes on cluster c, priced every way the model knows."""
-    priced = [("ring (NCCL's, every rank)", links.ring_time(c, size)),
-              ("two levels (hierarchy)", links.two_level(c, size))]
-    if c.nodes == 1:
-        priced.append(("NVLink SHARP (if the switch has it)", links.nvls_time(c, size)))
-    print(f"{c.nodes} x {c.gpus_per_node} GPUs; all-reduce of {size} B:")
-    print(report.table(["algorithm", "time us", "busbw GB/s"],
-                       [(name, round(t * 1e6, 1), round(bandwidth.busbw("allreduce", size, t, c.n), 1))
-                        for name, t in priced], align=[False, True, True]))
+def yours(doc):
+    """Section 5: an all-reduce of --size on your cluster, every algorithm NCCL prices, and its pick."""
+    y = doc["allreduce"][0]
+    n = y["gpus_per_node"] * y["nodes"]
+    nics = f"{y['nics_per_node']} NIC{'s' if y['nics_per_node'] != 1 else ''}"
+    print(f"{y['nodes']} x {y['gpus_per_node']} GPUs, {nics} a node"
+          f"{', NVLink SHARP' if y['nvls'] else ''}; all-reduce of {y['size']} B:")
+    print(report.table(["algorithm", "busbw GB/s", "algbw GB/s", "NCCL runs"],
+                       [(a, round(y[a + "_bw"], 1), round(y[a + "_bw"] * n / (2 * (n - 1)), 1) if n > 1 else "-",
+                         "<- least time" if a == y["algo"] else "") for a in links.ALGOS if y[a + "_bw"]],
+                       align=[False, True, True, False]))
+    say(f"NCCL runs {y['algo']} ({ALGO_WHY[y['algo']]}); section 2's step rows on {n} GPUs and these "
+        "numbers are in the results JSON under summary.yours")

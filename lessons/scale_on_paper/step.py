@@ -21,11 +21,27 @@ SEQ = 4096                   # tokens per sequence (one sequence per microbatch)
 SEQS = 1024                  # sequences per step, whatever the GPU count (strong scaling)
 TP = 8                       # tensor parallelism: the GPUs of one node (NVLink), as in lesson 11
 PP = 4                       # pipeline stages across nodes, as in lesson 12 (fewer if fewer nodes)
-FLOPS = 989.4e12             # H100 SXM BF16 dense tensor FLOP/s: "BF16 | 133.8 | 989.4 | 1978.9"
-FLOPS_SOURCE = "https://glennklockwood.com/garden/processors/h100"
+PEAK = 989.4e12              # H100 SXM BF16 dense tensor FLOP/s: "BF16 | 133.8 | 989.4 | 1978.9"
+PEAK_SOURCE = "https://glennklockwood.com/garden/processors/h100"
+# model FLOPs utilisation of a published run: Llama 3 405B on 8,192 to 16,384 H100s, BF16, sustained
+# 380 to 430 TFLOPS a GPU (SC'24 slide of Meta's P. Balaji, read at the address below; the run of
+# Meta's "The Llama 3 Herd of Models", arXiv 2407.21783): 380 / 989.4 and 430 / 989.4 of the peak
+MFU = (380e12 / PEAK, 430e12 / PEAK)
+MFU_SOURCE = "https://glennklockwood.com/garden/llama-3.1"
 STATE = 16                   # bytes of model state per parameter: bf16 weight + grad, fp32 master + Adam
 BUCKET = 25 * 1024 * 1024    # torch DDP's default bucket: _DEFAULT_BUCKET_CAP_MB = 25 (MiB), in
 #                              torch/nn/parallel/distributed.py of the installed torch 2.13.0
+# published steps of these shapes, tokens a second a GPU, each priced as its own run: torchtitan's
+# Llama 3.1 8B, FSDP, BF16 (no torch.compile, no Float8), local batch 2 of 8192 tokens, H100 hosts of 8
+# with 400 Gb/s a GPU (its Tables 1 and 3)
+TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
+STEP_FIGURES = [
+    dict(model="8B", strategy="fsdp", world=8, tokens_per_gpu=2 * 8192, published=5762, source=TORCHTITAN,
+         why="torchtitan's page: its H100s ran at a 500 W power limit (700 W TDP) with HBM2e, their peak "
+             "'between SXM and NVL'; it states 33-39% MFU counting attention too, under the 38-43% here"),
+    dict(model="8B", strategy="fsdp", world=128, tokens_per_gpu=2 * 8192, published=5605, source=TORCHTITAN,
+         why="the same hosts and power limit as its 8-GPU row"),
+]
 # every row carries every plan's parts (0 where the plan has none), so the runner's checks read them all
 PARTS = ("tp", "pp", "dp", "micro", "tp_calls", "pp_calls", "dp_calls", "tp_bytes", "pp_bytes", "dp_bytes",
          "tp_s", "pp_s", "dp_s", "ring_s", "two_level_s", "block_params", "root_params")
@@ -97,14 +113,18 @@ def plan(strategy, s, world, gpus_per_node=8):
                 state_gb=STATE * p / (tp * pp) / 1e9)
 
 
-def step(strategy, s, c):
+def step(strategy, s, c, peak=PEAK, mfu=MFU, tokens=SEQ * SEQS):
     """{comm_s, latency_s, compute_s, busy_s, step_lo, step_hi, ...} for one step on cluster c: each
-    plan's calls x the latencies each call pays + its bytes / bandwidth."""
+    plan's calls x the latencies each call pays + its bytes / bandwidth; compute at the peak FLOP/s
+    times a published run's MFU, the slow end (compute_s) and the fast (compute_fast_s). `tokens`:
+    another step's tokens (DP and FSDP only: their bytes do not depend on them)."""
     p, n = params(s), c.n
     out = dict(dict.fromkeys(PARTS, 0), **plan(strategy, s, n, c.gpus_per_node), **specs(c), strategy=strategy,
-               world=n, params=p, tokens=SEQ * SEQS, flops=FLOPS, layers=s["layers"], d=s["d"], seq=SEQ, seqs=SEQS)
-    out["compute_s"] = 6 * p * SEQ * SEQS / n / FLOPS  # forward 2, backward 4 FLOPs per parameter-token
-    out["busy_s"] = out["compute_s"]
+               world=n, params=p, tokens=tokens, peak_flops=peak, mfu_lo=mfu[0], mfu_hi=mfu[1],
+               layers=s["layers"], d=s["d"], seq=SEQ, seqs=SEQS)
+    out["compute_s"] = 6 * p * tokens / n / (peak * mfu[0])  # forward 2, backward 4 FLOPs per parameter-token
+    out["compute_fast_s"] = 6 * p * tokens / n / (peak * mfu[1])
+    out["busy_s"], out["busy_fast_s"] = out["compute_s"], out["compute_fast_s"]
     calls, g = out["calls"], BYTES * p
     if strategy == "dp":  # every bucket a ring, or two levels: the faster
         ring_s, two_s = ring_time(c, g, calls), two_level(c, g, calls)
@@ -125,8 +145,9 @@ def step(strategy, s, c):
         out["dp_s"] = ring(dp, g / (tp * pp), c.alpha(c.nic), nic, k_dp)  # each bucket a ring over dp
         out["comm_s"] = out["tp_s"] + out["pp_s"] + out["dp_s"]
         out["latency_s"] = ring_time(node, 0, k_tp) + k_pp * c.alpha(c.nic) + ring(dp, 0, c.alpha(c.nic), nic, k_dp)
-        out["busy_s"] = out["compute_s"] * (m + pp - 1) / m  # lesson 12's bubble: (p-1)/(m+p-1) idle
+        bubble = (m + pp - 1) / m  # lesson 12's bubble: (p-1)/(m+p-1) idle
+        out["busy_s"], out["busy_fast_s"] = out["compute_s"] * bubble, out["compute_fast_s"] * bubble
     out["comm_bytes"] = out.get("comm_bytes", out["tp_bytes"] + out["pp_bytes"] + out["dp_bytes"])
-    out["step_lo"] = max(out["busy_s"], out["comm_s"])   # every byte hidden behind compute, at best
-    out["step_hi"] = out["busy_s"] + out["comm_s"]       # nothing hidden, at worst
+    out["step_lo"] = max(out["busy_fast_s"], out["comm_s"])  # every byte hidden, the fast MFU: at best
+    out["step_hi"] = out["busy_s"] + out["comm_s"]           # nothing hidden, the slow MFU: at worst
     return out
