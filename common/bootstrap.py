@@ -98,6 +98,9 @@ def lesson_parser(file, doc):
     p.add_argument("--debug-collectives", action="store_true",
                    help="before each collective the ranks compare its fingerprint, and stop at the "
                         "first mismatch instead of hanging (common/collcheck.py)")
+    p.add_argument("--sanitize", action="store_true", default=os.environ.get("TUTOR_SANITIZE") == "1",
+                   help="non-blocking hazards fail every time, naming the line: sends taken late and "
+                        "checksummed, receives poisoned until their wait (common/sanitize.py)")
     return p
 
 
@@ -185,6 +188,9 @@ def start(file, parser, argv=None, uses_torch=False, outputs=None):
         import cupy
         cupy.cuda.Device(ctx.gpu).use()
         ctx.nccl = nccl_comm(comm)
+    if args.sanitize:  # last: the checker's and the world's own set-up calls are not the lesson's
+        from common import sanitize
+        ctx.comm = sanitize.install(ctx)
     return args, ctx
 
 
