@@ -7,7 +7,8 @@ What to watch for:
   2. the two hazards of a posted request: a receive buffer is undefined until the wait (the lesson
      reads it right after posting and again after the matching send was posted: old contents, new,
      or part of each), and a send buffer must not be written before the wait (the lesson overwrites
-     it and shows what the receiver got: undefined as well).
+     it and shows what the receiver got: undefined as well). Then both again under --sanitize
+     (common/sanitize.py): each now fails the same way every run, and is named by its line.
   3. overlap, measured: exchange a large message and compute, four ways, interleaved run by run:
        (a) blocking exchange, then compute: no overlap by construction, the control
        (b) post, compute, wait
@@ -36,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bootstrap, mpilib, report, timing  # noqa: E402
-from lessons.isend_irecv import progress_job, show  # noqa: E402
+from lessons.isend_irecv import progress_job, sanitized, show  # noqa: E402
 
 LOCAL = 1000             # cells each rank owns
 HALO = 4                 # ghost cells on each side
@@ -113,17 +114,19 @@ def halo(ctx):
 
 # ---------------------------------------------------------------- 2. hazards (host buffers)
 def contents(a, old, new):
-    """'old', 'new' or 'part new': what buffer `a` holds, every item compared."""
+    """'old', 'new', 'part new' or 'poison' (NaN: a sanitized receive): what buffer `a` holds."""
+    if np.all(np.isnan(a)):
+        return "poison"
     if np.all(a == old):
         return "old"
     return "new" if np.all(a == new) else "part new"
 
 
-def hazards(ctx, count):
+def hazards(ctx, comm, count):
     """What a posted receive buffer held right after posting and after the matching send was posted
     (both before the wait), what it held after the wait, and what the receiver got from a send buffer
-    overwritten before its wait."""
-    comm, n, r = ctx.comm, ctx.world_size, ctx.rank
+    overwritten before its wait. comm: ctx.comm, or the same under common/sanitize.py."""
+    n, r = ctx.world_size, ctx.rank
     left, right = (r - 1) % n, (r + 1) % n
     got = np.full(count, -1.0)
     mine = np.full(count, float(r))
@@ -380,8 +383,9 @@ def main():
     over = " (over MPI)" if ctx.api == "mpi4py" else " (a gloo group)"
     report.section(ctx, f"2. hazards, on host buffers of {args.big * 8} B"
                    + (over if ctx.transport == "nccl" else ""))
-    early, later, after, seen = hazards(ctx, args.big)
-    show.hazards(ctx, ctx.comm.gather((early, later, after, seen), root=0))  # outcomes, ranks counted
+    plain, checked, reports = sanitized.twice(ctx, hazards, args.big)   # plain, then sanitized
+    early, later, after, seen = plain
+    show.hazards(ctx, ctx.comm.gather(plain, root=0), ctx.comm.gather((checked, reports), root=0))
 
     report.section(ctx, f"3. overlap: exchange {args.big * 8} B with each neighbour while computing, "
                         f"median of {args.repeat}")
@@ -391,7 +395,8 @@ def main():
     report.finish(ctx, {"ghost_left_first": float(gl[0]), "ghost_left_sum": float(gl.sum()),
                         "ghost_right_first": float(gr[0]), "ghost_right_sum": float(gr.sum()),
                         "early_read": early, "read_after_barrier": later, "after_wait": after,
-                        "overwritten_send_seen": seen},
+                        "overwritten_send_seen": seen, "sanitized_early_read": checked[0],
+                        "sanitized_send_seen": checked[3], "sanitized_reports": len(reports)},
                   summary={"compute_slices": slices, "async_progress": d_reason or "run",
                            **{f"time_us{k}": round(t * 1e6, 1) for k, t in times.items()},
                            "noise": noise, **{f"hidden{k}": v for k, v in hidden.items()}})

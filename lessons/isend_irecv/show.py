@@ -11,12 +11,13 @@ def mode(times, key):
     return next(t for m, t in times.items() if m.startswith(key))
 
 
-def hazards(ctx, found):
-    """What each rank's buffers held (found: rank 0's gather of (early, later, after, seen)), counted."""
+def hazards(ctx, found, checked):
+    """What each rank's buffers held (found: rank 0's gather of (early, later, after, seen)), counted;
+    then the same under the sanitizer (checked: rank 0's gather of (outcomes, reports))."""
     if ctx.rank != 0:
         return
 
-    def tally(i):
+    def tally(i, found=found):
         return ", ".join(f"{what} on {k}" for what, k in sorted(Counter(f[i] for f in found).items()))
     # up to three outcomes per line: labels kept short so a line fits 100 columns at any NP < 1000
     print(f"what each rank's buffer held, ranks counted ({ctx.world_size} in all); old: what it held when the\n"
@@ -35,6 +36,21 @@ def hazards(ctx, found):
         print("MPI may write a posted receive buffer inside any MPI call before the wait"
               + (" (here, the barrier)" if filled else "") + ":\nit is undefined until the wait; and "
               "the standard forbids writing a posted send buffer\nbefore its wait.", flush=True)
+    sanitized(ctx, checked, lambda i: tally(i, [c[0] for c in checked]))
+
+
+def sanitized(ctx, checked, tally):
+    """The hazards under common/sanitize.py: the outcomes, then each report once with its ranks."""
+    print("\nthe same, sanitized (--sanitize): a receive goes to a buffer of the sanitizer's own and the\n"
+          "posted one holds NaN until the wait; a send's data is taken at the rank's next call:\n"
+          f"a posted receive buffer, read before the wait: {tally(0)}; after a barrier: {tally(1)}\n"
+          f"  after the wait: {tally(2)}; a send buffer overwritten before its wait arrived as: {tally(3)}")
+    said = Counter(line for _, reports in checked for line in reports)
+    for line, k in sorted(said.items(), key=lambda item: item[0].split(": ", 1)[1]):
+        what, where = line.split(": ", 1)
+        print(f"{what}, on {k} of {ctx.world_size} ranks:\n  {where}")
+    print("(a run with --sanitize stops at the first such report; plain, the same code passes or not,\n"
+          "run by run)", flush=True)
 
 
 def overlap(ctx, times, hidden, noise, slices, child, d_reason, seen):
