@@ -93,7 +93,7 @@ def test_the_command_shown_fits_100_columns_and_stays_one_shell_command():
 
 
 def test_a_lesson_module_loaded_by_threads_at_once_is_whole_in_each():
-    # lesson 09's ring on threads (tests/test_reduce_scatter_alltoall.py) loads lesson 05 from every
+    # lesson 09's ring on threads (tests/test_09_reduce_scatter_alltoall.py) loads lesson 05 from every
     # thread at once: none may get the module while another thread is still executing it
     name = bootstrap.lesson_module("05").__name__
     for attempt in range(20):

@@ -21,7 +21,7 @@ B(i) when s-1 runs B(i). Pure functions of the orders: every rank computes every
 ranks find the same problem and stop together instead of hanging.
 """
 UNIT = {"F": 1, "B": 1}  # ticks an op takes: one each in the lesson (the bubble's fraction is the same
-# with B = 2, as tests/test_pipeline_schedule.py shows)
+# with B = 2, as tests/test_12_pipeline_parallel.py shows)
 KIND = {"F": "forward", "B": "backward"}
 
 
