@@ -136,6 +136,18 @@ def test_nvls_only_where_the_switch_has_it_and_it_wins_in_one_node():
     assert "nvls_tree" in links.nccl_times(links.Cluster(8, 2, "nvlink4", "ndr", 8), 1 << 30, nvls=True)
 
 
+def test_nvls_tree_is_held_to_nccls_cap_a_channel():
+    """tuning.cc caps NVLS tree's busbw at perChMaxNVLSTreeBw a channel (Hopper: 57.7 GB/s on two nodes,
+    45.5 on more), a channel a GPU of the node: where the NICs are no bound (AWS p5's 32 EFA cards), the
+    cap is what prices it."""
+    size = 8 << 30
+    for m, per_channel in ((2, 57.7), (4, 45.5), (16, 45.5)):
+        c = links.Cluster(8, m, "nvlink4", "efa", 32)
+        t, n = links.nccl_times(c, size, nvls=True)["nvls_tree"], 8 * m
+        latency = (25 + 2 * math.log2(m) * 20.9) * 1e-6
+        assert t - latency == pytest.approx(2 * (n - 1) / n * size / (8 * per_channel * 1e9), rel=1e-12)
+
+
 def test_a_run_held_to_one_algorithm_is_priced_as_that_one():
     row = next(f for f in links.FIGURES if f["forced"] == "ring")
     bw, algo = links.price(row)

@@ -50,13 +50,24 @@ LINKS = {
                 source="https://docs.nvidia.com/networking/display/ConnectX7VPI/Introduction"),
     "hdr": dict(GBps=200 / 8, alpha_us=14.0, eff=NIC_EFF, eff_source=NIC_SOURCE, kind="nic",
                 what="InfiniBand HDR (ConnectX-6)", source="https://lenovopress.lenovo.com/lp1195"),
+    # AWS p5: "up to 32 network cards ... up to 3,200 Gbps": 100 Gb/s a card. No figure of what NCCL
+    # reaches on one EFA was found: a NIC's 0.96 stands in (on p5 the ring is NVLink-bound and the NVLS
+    # tree held by NCCL's cap, so no row below moves with it)
+    "efa": dict(GBps=100 / 8, alpha_us=14.0, eff=NIC_EFF, eff_source=NIC_SOURCE, kind="nic",
+                what="AWS EFA, one of p5's 32 cards",
+                source="https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/p5-efa.html"),
 }
 ALPHA_SOURCE = NCCL + "tuning.cc"
 # NCCL's tuner (src/graph/tuning.cc, ncclTopoTuneModel), Simple protocol, microseconds: a call's base
 # latency, each algorithm's latency per hop on NVLink and on the network; and two bandwidth factors:
 # a tree all-reduce gets .92 of its links ("busBw * .92"), NVLS 0.85 on Hopper (nvlsEfficiency).
+# NVLS tree's busbw is capped per channel (tuning.cc: "bw = std::min({intraBw, interBw, ... ? (float)
+# perChMaxNVLSTreeBw"), Hopper's perChMaxNVLSTreeBws {0.0, 57.7, 45.5} GB/s on 1 / 2 / 3+ nodes; its
+# channels are the NVLS graph's heads, one a GPU of the node at most NCCL_MAX_NVLS_ARITY (32;
+# src/graph/search.cc: "graph->maxChannels = std::min(NCCL_MAX_NVLS_ARITY, system->nodes[GPU].count)")
 TUNER = dict(ring_base_us=8.4, ring_nvl_us=3.4, ring_net_us=14.0, tree_base_us=8.4, tree_nvl_us=4.0,
-             tree_net_us=14.0, nvls_nvl_us=25.0, nvls_tree_net_us=20.9, tree_eff=0.92, nvls_eff=0.85)
+             tree_net_us=14.0, nvls_nvl_us=25.0, nvls_tree_net_us=20.9, tree_eff=0.92, nvls_eff=0.85,
+             nvls_tree_ch2_GBps=57.7, nvls_tree_ch_GBps=45.5, nvls_arity=32)
 ALGOS = ("ring", "tree", "nvls", "nvls_tree")
 
 
@@ -144,7 +155,8 @@ def nccl_times(c, nbytes, nvls=False):
       tree       a chain in the node (2 buffers over each GPU's NVLink: up, then down) and a double
                  binary tree across nodes (tree_hops buffers over the node's NICs), at .92
       nvls       NVLink SHARP in one node: each GPU's link carries (n+1)/n of the buffer, at 0.85
-      nvls_tree  NVLS in the node, a tree across nodes: the slower of the two
+      nvls_tree  NVLS in the node, a tree across nodes: the slowest of the two and of NCCL's busbw
+                 cap, a channel a GPU (at most 32) at 57.7 GB/s on two nodes, 45.5 on more
     nvls: the switch has NVLink SHARP (NVSwitch 3, H100 and later)."""
     t, g, m, n = TUNER, c.gpus_per_node, c.nodes, c.n
     nvl, net = c.bw(c.intra), c.nics_per_node * c.bw(c.nic)
@@ -156,8 +168,10 @@ def nccl_times(c, nbytes, nvls=False):
     if nvls and m == 1:
         out["nvls"] = t["nvls_nvl_us"] * 1e-6 + (g + 1) / g * nbytes / (t["nvls_eff"] * nvl)
     if nvls and m > 1:
+        cap = min(g, t["nvls_arity"]) * (t["nvls_tree_ch2_GBps"] if m == 2 else t["nvls_tree_ch_GBps"]) * GB
         out["nvls_tree"] = (t["nvls_nvl_us"] + 2 * log2m * t["nvls_tree_net_us"]) * 1e-6 + \
-            max((g + 1) / g * nbytes / (t["nvls_eff"] * nvl), tree_hops(m) * nbytes / net)
+            max((g + 1) / g * nbytes / (t["nvls_eff"] * nvl), tree_hops(m) * nbytes / net,
+                2 * (n - 1) / n * nbytes / cap)
     return out
 
 
@@ -210,7 +224,7 @@ FIGURES = [
     _fig("1 x 8 H200, NVLink SHARP", 8, 1, "nvlink4", "ndr", 8, 475,
          "https://github.com/NVIDIA/nccl-tests/issues/272", "The output shows peak bandwidth of 475 GB/s",
          nvls=True),
-    _fig("12 x 8 A800, 1 HDR NIC a node", 8, 12, "nvlink3_a800", "hdr", 1, 24,
+    _fig("12 x 8 A800, 1 HDR NIC", 8, 12, "nvlink3_a800", "hdr", 1, 24,
          "https://github.com/NVIDIA/nccl/issues/412",
          "you should get ~160GB/s  intra-node and 24GB/s inter-node"),
     # nodes not said: 2 priced, where NCCL's tree beats its ring on these links
@@ -239,4 +253,26 @@ MISSES = [
          why="the same post reports 330 GB/s on one or two of these nodes without NVLS, where NCCL "
              "prices 370.8 (18 NVLinks x 20.6): these nodes run about 11% under NCCL's NVLink rate, "
              "which no link spec shows"),
+]
+# cloud vendors' and users' published runs (nccl-tests busbw, in-place, at the largest size they ran)
+AZURE = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/"
+P5 = "https://github.com/crazyguitar/aws-gpu-communication-benchmark/blob/main/data/nccl_all_reduce.csv"
+FIGURES += [
+    _fig("1 x 8 A100, Azure NDv4", 8, 1, "nvlink3", "hdr", 8, 231.58, AZURE + "ND_A100_v4_results.md",
+         "| 8G | 231.58 |"),
+    _fig("1 x 8 H200, Azure ND H200v5", 8, 1, "nvlink4", "ndr", 8, 479.98, AZURE + "ND_H200_v5_results.md",
+         "| 8G | 479.98 |", nvls=True),
+    _fig("1 x 8 A100, AWS p4dn", 8, 1, "nvlink3", "efa", 4, 230.77, "https://github.com/NVIDIA/nccl/issues/527",
+         "1   1073741824     268435456     float     sum   8142.6  131.87  230.77", size=1 << 30),
+] + [_fig(f"{m} x 8 H100, AWS p5, 32 EFA", 8, m, "nvlink4", "efa", 32, publ, P5, line, nvls=True)
+     for m, publ, line in ((2, 477.71, "2,16,8192,1000,false,254.78,477.71"),
+                           (4, 356.99, "4,32,8192,1000,false,184.25,356.99"),
+                           (8, 355.36, "8,64,8192,1000,false,180.50,355.36"),
+                           (16, 356.27, "16,128,8192,1000,false,179.54,356.27"))]
+MISSES += [
+    _fig("32 x 8 H100, AWS p5, 32 EFA", 8, 32, "nvlink4", "efa", 32, 321.10, P5,
+         "32,256,8192,1000,false,161.18,321.10", nvls=True,
+         why="the same file shows this run still climbing at its largest size (302.81 GB/s at 4096 MB, "
+             "321.10 at 8192), where its 4- and 8-node runs had levelled off at 351-357 by 4096 MB: "
+             "8 GB is not yet this run's peak"),
 ]

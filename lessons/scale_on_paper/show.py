@@ -16,8 +16,10 @@ def short(url):
 
 
 def issue(url):
-    """gh:NVIDIA/nccl-tests/issues/212 -> nccl-tests#212; any other address as short() writes it."""
-    return re.sub(r"^gh:NVIDIA/([\w-]+)/issues/(\d+)$", r"\1#\2", short(url))
+    """gh:NVIDIA/nccl-tests/issues/212 -> nccl-tests#212; a file in a repository -> its owner
+    (gh:Azure/AI-benchmarking-guide/blob/... -> Azure); any other address as short() writes it."""
+    tag = re.sub(r"^gh:NVIDIA/([\w-]+)/issues/(\d+)$", r"\1#\2", short(url))
+    return re.sub(r"^gh:([\w-]+)/[\w.-]+/blob/.*$", r"\1", tag)
 
 
 # ---- section 1: the cluster from its data sheet, against published figures ---------------------
@@ -25,7 +27,8 @@ def issue(url):
 def link_classes(classes):
     print(report.table(["link class", "GB/s", "eff", "alpha us", "rate read at", "eff from"],
                        [(v["what"], v["GBps"], round(v["eff"], 3), v["alpha_us"], short(v["source"]).split("/")[0],
-                         issue(v["eff_source"]).split("/")[-1]) for v in classes.values()]))
+                         (issue if "/issues/" in v["eff_source"] else short)(v["eff_source"]).split("/")[-1])
+                        for v in classes.values()]))
     say("GB/s: a GPU's link, one direction. Efficiency per kind of link: NVLink at the rate NCCL "
         "itself prices a link (topo.h: 20.0 GB/s on A100, 20.6 on H100, of 25), a NIC at 24 of 25 GB/s "
         "(NCCL's maintainer, nccl-tests#119); alpha: NCCL's own latency of a ring step (tuning.cc); "
@@ -35,15 +38,15 @@ def link_classes(classes):
 ALGO_WHY = {"ring": "2(n-1)/n of the buffer over the slowest link class",
             "tree": "chain in the node, double binary tree across nodes, at .92",
             "nvls": "NVLink SHARP: (n+1)/n over each link, at NVLS's 0.85",
-            "nvls_tree": "NVLS in the node, a tree across nodes"}
+            "nvls_tree": "NVLS in the node, a tree across nodes, under NCCL's cap a channel"}
 
 
 def _why(f):
     """Why this algorithm: held to it by NCCL_ALGO, or the least priced time among those the cluster has."""
     if f["forced"]:
         return f"held to {f['forced']}"
-    others = [(a, f[a + "_bw"]) for a in links.ALGOS if f[a + "_bw"] and a != f["algo"]]
-    return "> " + ", ".join(f"{a} {bw:.0f}" for a, bw in others) if others else ""
+    others = [(f[a + "_bw"], a) for a in links.ALGOS if f[a + "_bw"] and a != f["algo"]]
+    return "> {1} {0:.0f}".format(*max(others)) if others else ""  # the next best
 
 
 def _rows(rows):
@@ -57,7 +60,8 @@ def figures(rows, misses, sources=()):
     print(report.table(head, _rows(rows), align=align))
     inside = sum(0.9 <= f["ratio"] <= 1.1 for f in rows)
     say(f"{inside} of {len(rows)} within +-10% (the runner checks every one). NCCL runs the algorithm its "
-        "tuner prices fastest (tuning.cc), unless held to one; the others' busbw beside it:")
+        "tuner prices fastest (tuning.cc), unless held to one; the next best beside it (the JSON keeps "
+        "every one's busbw):")
     for algo, why in ALGO_WHY.items():
         print(f"  {algo:9s} {why}")
     for f in sources:
