@@ -36,6 +36,11 @@ def python_section():
          f"{where})")
     line("GIL", "enabled" if gil else "disabled (free-threaded build)")
     line("usable cores", f"{timing.usable_cores()} of {os.cpu_count()}")
+    held = launchers.allocation()
+    if held:
+        from common.runner import lifetime, preflight
+        line("allocation", f"inside {held.words()}: -n is weighed against its {held.cores} CPUs (up to "
+             f"{preflight.np_ceiling()} ranks), run folders go in {lifetime.run_root()} (every node must see it)")
 
 
 def mpi_section():
@@ -59,7 +64,17 @@ def mpi_section():
     def launcher():
         argv = launch.mpiexec(2)
         line("mpiexec", " ".join(argv))
-        line("launcher", launchers.words(launch.identify(argv[0]), argv[0]))
+        who = launch.identify(argv[0])
+        line("launcher", launchers.words(who, argv[0]))
+        if launchers.allocation():
+            how = {"hydra": "hydra starts its proxies with srun" + (" and is told this host's interface on the "
+                                                                   "nodes' network" if "-iface" in argv else ""),
+                   "open-mpi": "Open MPI reads the allocation's nodes and slots itself",
+                   "srun": "srun starts the ranks as a step of the allocation"}.get(who.kind, "runs as given")
+            line("in the allocation", how)
+        if who.kind == "srun":
+            line("PMI", launchers.pmi_check() or f"{launchers.srun_mpi(argv) or 'MpiDefault'}: mpi4py's MPI "
+                 "speaks it, or it cannot be told")
         return argv
 
     def one_world(argv):

@@ -5,8 +5,7 @@ import os
 import re
 import shlex
 
-from common import timing
-from common.runner import expect, files, flightwatch, grading, launch
+from common.runner import expect, files, flightwatch, grading, launch, launchers
 from common.runner.catalog import ROOT
 from common.runner.diagnose import stuck, where
 from common.runner.preflight import (Blocked, ScriptError, UsageError, check_extra, check_json_target,  # noqa: F401
@@ -47,8 +46,9 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
             return given(run_dir) if callable(given) else given
     if echo and launch.note():
         print(launch.note(), flush=True)
-    if echo and np > timing.usable_cores():
-        print(f"note: {np} ranks share {timing.usable_cores()} usable cores, so timings will be "
+    cores, what = launchers.cores()  # inside a Slurm allocation, the CPUs it holds
+    if echo and np > cores:
+        print(f"note: {np} ranks share {cores} {what}, so timings will be "
               "distorted (results are still checked)", flush=True)
     outcome = launch.run(cmd, timeout or lesson.meta["timeout_s"], echo=echo, env=env, tick=tick)
     if launched:

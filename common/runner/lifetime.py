@@ -19,7 +19,7 @@ import time
 
 from common.runner import rundir
 from common.runner.catalog import ROOT
-from common.runner.launchers import LaunchError
+from common.runner.launchers import LaunchError, allocation
 
 
 # Every signal whose default action would end the runner ends the run first, then the runner, with the
@@ -114,11 +114,12 @@ _HOST = re.sub(r"[^\w.-]", "_", socket.gethostname())[:40] or "host"
 
 def run_root():
     """Where run folders go: the temp directory on one machine (fast, private); a folder every node
-    sees when the ranks may run on other nodes (MPIEXEC set, as for a cluster or the test bed), whose
-    /tmp is their own: $TUTOR_RUN_ROOT, else runs/ in the kit's state folder (.tutor/ in the checkout)."""
+    sees when the ranks may run on other nodes (MPIEXEC set, as for a cluster or the test bed, or inside
+    a Slurm allocation), whose /tmp is their own: $TUTOR_RUN_ROOT, else runs/ in the kit's state folder
+    (.tutor/ in the checkout)."""
     if os.environ.get("TUTOR_RUN_ROOT"):
         return os.environ["TUTOR_RUN_ROOT"]
-    if os.environ.get("MPIEXEC"):
+    if os.environ.get("MPIEXEC") or allocation():  # inside a Slurm allocation the ranks go to its nodes
         return os.path.join(os.environ.get("TUTOR_STATE") or os.path.join(ROOT, ".tutor"), "runs")
     return tempfile.gettempdir()
 

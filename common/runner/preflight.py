@@ -7,7 +7,7 @@ import sys
 import tempfile
 
 from common import devices, flight, timing
-from common.runner import files, lifetime, schema
+from common.runner import files, launchers, lifetime, schema
 from common.runner.terminal import path_shown
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
@@ -27,8 +27,11 @@ class Blocked(ValueError):
 
 
 def np_ceiling():
-    """The most ranks this machine runs without --force: 4 per usable core, at least 8. None when
-    MPIEXEC is set (a cluster launcher: the ranks may go to other nodes, whose cores are not ours)."""
+    """The most ranks this machine runs without --force: 4 per usable core, at least 8; inside a Slurm
+    allocation, 4 per CPU it holds. None when MPIEXEC is set outside one (a cluster launcher: the ranks
+    may go to other nodes, whose cores are not ours)."""
+    if launchers.allocation():
+        return max(8, 4 * launchers.cores()[0])
     return None if os.environ.get("MPIEXEC") else max(8, 4 * timing.usable_cores())
 
 
@@ -130,12 +133,16 @@ def needs(lesson, np, api, device, force=False):
     cores for np ranks, a GPU per local rank, the libraries the path imports (looked up, not imported)."""
     ceiling = np_ceiling()
     if ceiling and np > ceiling and not force:
-        raise Blocked(f"-n {np} is more ranks than {timing.usable_cores()} cores run sensibly (at most "
+        cores, what = launchers.cores()
+        raise Blocked(f"-n {np} is more ranks than {cores} {what.replace('usable ', '')} run sensibly (at most "
                       f"{ceiling}); --force runs it anyway")
+    refusal = launchers.pmi_check()  # srun with a PMI the ranks' MPI does not speak: worlds of one
+    if refusal:
+        raise Blocked(refusal)
     gpu = device == "gpu" or lesson.needs_gpu
     if gpu:
         n, why = _gpus()
-        local = np if not os.environ.get("MPIEXEC") else 1  # across nodes only the ranks can tell
+        local = np if not (os.environ.get("MPIEXEC") or launchers.allocation()) else 1  # only the ranks can tell
         if n == 0:
             raise Blocked(f"{why}; " + ("this lesson needs a GPU" if lesson.needs_gpu else "use --device cpu"))
         if local > n:
