@@ -57,7 +57,7 @@ def load_tutor():
 
 
 # lessons whose every path loads torch in every rank (the model is a torch model; MPI moves its gradients)
-TORCH_LESSONS = {"08_data_parallel"}
+TORCH_LESSONS = {"08_data_parallel", "18_fault_tolerance"}
 
 
 def torch_marks(lesson_name, api):

@@ -14,7 +14,8 @@ from common.runner.preflight import (Blocked, ScriptError, UsageError, check_ext
 from common.runner.terminal import by_message, ranks_of
 from common.runner.files import write_junit  # noqa: F401
 from common.runner.checktable import checks_table  # noqa: F401
-from common.runner.verdict import EXIT, exit_code, explain, killed_rank, ok, status, summary  # noqa: F401
+from common.runner.verdict import (EXIT, exit_code, expected_death, explain, killed_rank, ok, status,  # noqa: F401
+                                   summary)
 
 
 def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, echo=True, script=None,
@@ -27,14 +28,15 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
     if json_path:
         check_json_target(json_path)
     args = ["--api", api, "--device", device, *extra]
-    cmd, env, launched = launch.command(script or lesson.path, np, args), launch.world_env(np), []
+    line = launchers.survivable if lesson.meta.get("expects_death") else (lambda c: c)  # a rank dies on purpose
+    cmd, env, launched = line(launch.command(script or lesson.path, np, args)), launch.world_env(np), []
     if plan:  # the graded text goes in the run folder; common/ is found through PYTHONPATH
         def cmd(run_dir):
             os.mkdir(os.path.join(run_dir, "mine"))
             launched.append(os.path.join(run_dir, "mine", os.path.basename(lesson.path)))
             with open(launched[0], "w") as f:
                 f.write(plan.text)
-            return launch.command(launched[0], np, args)
+            return line(launch.command(launched[0], np, args))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     elif echo:
         print(shown(cmd), flush=True)
@@ -51,6 +53,8 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
         print(f"note: {np} ranks share {cores} {what}, so timings will be "
               "distorted (results are still checked)", flush=True)
     outcome = launch.run(cmd, timeout or lesson.meta["timeout_s"], echo=echo, env=env, tick=tick)
+    if lesson.meta.get("expects_death"):
+        outcome.rc = expected_death(outcome)
     if launched:
         grading.relabel(outcome, plan, launched[0])
     if outcome.results and outcome.results.get("np", np) != np and not outcome.wrong_world:

@@ -138,6 +138,21 @@ def additions(launcher, argv, np, root=None, held=None, iface=None):
     return add  # hydra: no binding unless asked; root and -n past the cores are fine
 
 
+# what a launcher needs to let the other ranks live when one dies (a lesson with expects_death: 18)
+SURVIVE = {"hydra": ["-disable-auto-cleanup"], "open-mpi": ["--with-ft", "ulfm"]}
+
+
+def survivable(cmd):
+    """The launch line `cmd` (launcher words, then -n) with what its launcher needs so that the
+    death of one rank does not end the others; as given for a launcher the runner does not know, or
+    an Open MPI before 5 (no --with-ft: its ranks then end with the dead one, as everywhere else)."""
+    at = cmd.index("-n")
+    launcher = identify(cmd[0])
+    kind = launcher.kind if launcher.kind != "open-mpi" or re.search(r"Open MPI\D*([5-9]|\d\d)\.",
+                                                                     launcher.mpi) else ""
+    return cmd[:at] + [w for w in SURVIVE.get(kind, []) if w not in cmd[:at]] + cmd[at:]
+
+
 @dataclass(frozen=True)
 class Allocation:
     """A Slurm allocation the runner runs inside (salloc, sbatch), as its SLURM_* variables say."""

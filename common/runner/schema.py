@@ -17,7 +17,8 @@ import re
 from common.runner import expect, expr
 from common.runner.terminal import path_shown
 
-KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint", "view", "takeaway"}
+KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint", "view", "takeaway",
+        "expects_death"}  # expects_death: a rank dies on purpose; the runner grades the survivors (lesson 18)
 NP_KEYS = {"default", "min", "max", "check"}
 CHECK_KEYS = {"name", "value", "rtol", "atol", "when", "none"} | set(expect.OPS)
 ALWAYS = {"np", "api", "device", "transport", "rank"}   # `rank`: every ranks[*] item has it (GUIDE §2)
@@ -62,6 +63,8 @@ def validate(data, root, path):
     if not (isinstance(hint, str) or isinstance(hint, list) and all(isinstance(h, str) for h in hint)):
         where.fail("hint", "hint must be text, or a list of texts")
     _view(data.get("view"), where)
+    if not isinstance(data.get("expects_death", False), bool):
+        where.fail("expects_death", "expects_death must be true or false")
     takeaway = data.get("takeaway", [])
     if not (isinstance(takeaway, list) and all(isinstance(t, str) and t.strip() for t in takeaway)):
         where.fail("takeaway", "takeaway must be a list of lines, e.g. [\"the ring sends 2(N-1)/N\"]")

@@ -34,6 +34,18 @@ def status(outcome, checks):
     return "crash" if checks is None or outcome.rc != 0 else "fail"
 
 
+def expected_death(outcome):
+    """The run's status for a lesson whose YAML says expects_death: 0 when the ranks that did not end
+    with status 0 are only the one its results say it killed (summary.killed), hydra reporting each
+    rank's status; else the launcher's own. Open MPI with ULFM exits 0 itself when the others did."""
+    killed = ((outcome.results or {}).get("summary") or {}).get("killed")
+    statuses = outcome.statuses or []
+    if outcome.rc == 0 or not isinstance(killed, int) or not 0 <= killed < len(statuses) or outcome.timed_out:
+        return outcome.rc
+    others = [s for r, s in enumerate(statuses) if r != killed]
+    return 0 if statuses[killed] and not any(others) else outcome.rc
+
+
 def exit_code(outcome, checks):
     """EXIT[status]; 128 + the signal when the runner was interrupted or mpiexec itself was killed
     (a crash whose cause the runner cannot know: README, Troubleshooting)."""
@@ -93,6 +105,8 @@ def explain(lesson, outcome, checks):
               for ranks, e in by_message(echoes)]
     if outcome.rc != 0 and not (outcome.launcher or killed or outcome.errors):
         last = last_said(outcome.tail)
+        if outcome.blocked and refused(outcome, checks) and "GPU" not in outcome.blocked:
+            return [f"blocked: {outcome.blocked}"]  # not a GPU (lesson 18's ULFM): its own line
         if outcome.blocked and refused(outcome, checks):  # ctx.fail(blocked=True): its line said why
             return ["blocked: the lesson needs a usable GPU on every rank (its line above says what is "
                     "missing);", "  `bin/tutor doctor` tells what this machine has, --device cpu runs it here"]
