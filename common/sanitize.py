@@ -4,11 +4,18 @@
     with sanitize.using(sanitize.Sanitizer(strict=False)) as san:   # a lesson that plants hazards
         ...; san.reports                                             # collects instead of raising
 
-What a posted request gets (mpi4py's Isend / Issend / Irecv on ctx.comm; torch's isend, irecv and
-batch_isend_irecv, which p2p.start uses; host buffers only):
+The calls it wraps are common/sanitize_calls.py's (mpi4py's Isend / Issend / Irecv / Send / Ssend / Recv
+on ctx.comm; torch's isend, irecv, send, recv and batch_isend_irecv, which p2p.start uses). What a
+sanitized call gets (host buffers only):
+  NCCL's order (on for --sanitize; Sanitizer(order=True) elsewhere): the rank's calls run on one
+    simulated stream, ungrouped ones in their order, a send done only once its receive is posted, a
+    group together (sanitize_calls.py says what a group is); each is a flight record (common/flight.py)
+    until waited, so a head-to-head exchange deadlocks as on NCCL, and a rank stuck STUCK_S in a wait
+    whose stream waits in a cycle with the others' (read from their records) reports it, every rank of
+    the cycle, then (collecting) posts what it holds, as MPI and gloo would;
   a send buffer is checksummed when posted and again when waited: a change names both lines;
-  its data is taken only at this rank's next communication call (a wait, a test, any call on the
-    comm or on torch.distributed), so a buffer reused before its wait arrives as the new data;
+  its data is taken only when the stream starts it, at this rank's next communication call (a wait, a
+    test, any call on the comm or on torch.distributed), so a buffer reused before then arrives new;
   a receive goes into a buffer of the sanitizer's own; the learner's buffer holds poison (NaN,
     or bytes 0xA5 for integers) until the wait copies the data in: read early, it is poison every
     time; written early, the wait sees the poison changed; a line of the learner's code that, before
@@ -18,16 +25,18 @@ batch_isend_irecv, which p2p.start uses; host buffers only):
   a request never waited is named at exit (its send is posted then, so no peer waits forever).
 A line is file.py:LINE of the innermost frame outside common/ and outside installed packages.
 strict (--sanitize): the first report raises SanitizeError (mpi4py then ends every rank); a
-request never waited makes the rank exit 3. At exit rank 0 prints the checks' cost (same-run ratio;
-the tracer's few microseconds per traced line are not in it). Receives are staged in anonymous memory,
+request never waited makes the rank exit 3. Without a run folder (TUTOR_RUN_DIR) there are no records
+to read: a wait that moves nothing for LONE_S is reported as a deadlock or a peer that never came.
+At exit rank 0 prints the checks' cost (same-run ratio; the tracer's few microseconds per traced line
+are not in it). Receives are staged in anonymous memory,
 outside tracemalloc's count, so a lesson's measured peaks stay its own. On a GPU run it is off.
 """
+import ast
 import atexit
 import contextlib
-import ast
 import dis
+import itertools
 import linecache
-import mmap
 import os
 import sys
 import time
@@ -35,12 +44,17 @@ import zlib
 
 import numpy as np
 
+from common import flight
+
 HOME = os.path.dirname(os.path.abspath(__file__))
 LIBS = tuple(sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}))
 POISON_BYTE = 0xA5
 _KEPT = []         # what requests never waited hold, kept for the process's life
 _ACTIVE = [None]   # the Sanitizer the wrapped calls report to; None: they pass straight through
 _USER = {}         # filename -> True for a learner's file (not common/, not an installed package)
+STUCK_S = 0.3      # a wait that moved nothing this long reads the ranks' records for a cycle
+LONE_S = 20.0      # without records: a wait that moved nothing this long is reported
+_GROUPS, _CYCLES = itertools.count(1), itertools.count(1)
 
 
 class SanitizeError(RuntimeError):
@@ -66,7 +80,7 @@ def site(frame=None):
     return "?"
 
 
-def _array(buf):
+def array(buf):
     """A NumPy view of a host buffer (an ndarray, a CPU tensor, bytes-like, or mpi4py's [buf, type]),
     or None for what the sanitizer does not understand (left unchecked)."""
     if isinstance(buf, (list, tuple)) and buf:
@@ -112,19 +126,23 @@ def _poison(a):
 
 
 class Posted:
-    """One sanitized request: a send (deferred until flushed) or a receive (into `stage`)."""
+    """One sanitized request: a send or a receive (into `stage`), posted when its stream starts it."""
 
-    def __init__(self, kind, buf, arr, where):
-        self.kind, self.buf, self.arr, self.site = kind, buf, arr, where
+    def __init__(self, kind, buf, arr, where, peer, tag, test):
+        self.kind, self.buf, self.arr, self.site, self.peer, self.tag = kind, buf, arr, where, peer, tag
         self.span, self.real, self.stage, self.post, self.done, self.read = _span(arr), None, None, None, False, False
+        self.test, self.group, self.started, self.ready, self.slot = test or (lambda real: True), None, False, False, -1
+
+    def peers(self):
+        return f"{self.kind[0]}{self.peer}"
 
 
 class Sanitizer:
     """The checks of one run (or one `using` block): what is pending, what was reported, and its cost."""
 
-    def __init__(self, strict=True, rank=0, quiet=False):
-        self.strict, self.rank, self.quiet = strict, rank, quiet
-        self.pending, self.deferred, self.reports, self.maybe = [], [], [], None
+    def __init__(self, strict=True, rank=0, quiet=False, order=None):
+        self.strict, self.rank, self.quiet, self.order = strict, rank, quiet, strict if order is None else order
+        self.pending, self.stream, self.reports, self.maybe = [], [], [], None
         self.counts, self.spent, self.t0 = {"send": 0, "recv": 0}, 0.0, time.perf_counter()
         self.traced = sys.gettrace() is None  # a debugger's or coverage's tracer is left alone
         self.stopped = False
@@ -145,52 +163,169 @@ class Sanitizer:
                 self.report(f"one buffer is {both}", f"{p.kind} posted at {p.site}, {new.kind} posted at "
                             f"{new.site}, neither waited")
 
-    def send(self, buf, post):
-        """A send of `buf`; post(buf) makes the real one (at the next flush). Returns its Posted."""
-        t0, arr = time.perf_counter(), _array(buf)
+    def send(self, buf, post, peer=None, tag=0, test=None, op="isend"):
+        """A send of `buf` to `peer`: post(buf) makes the real one when the stream starts it, test(real)
+        says it is done. Returns its Posted (None: a buffer not checked, the caller posts it itself)."""
+        t0, arr = time.perf_counter(), array(buf)
         if arr is None:
             return None
-        p = Posted("send", buf, arr, site())
+        p = Posted("send", buf, arr, site(), peer, tag, test)
         self._settle(p.site)
         self._alias(p)
         p.crc, p.post = _crc(arr), post
-        self.pending.append(p)
-        self.deferred.append(p)
-        self.counts["send"] += 1
-        self.spent += time.perf_counter() - t0
-        return p
+        return self._posted(p, op, t0)
 
-    def recv(self, buf, post, stage):
-        """A receive into `buf`: post(staged) makes the real one into stage(buf), a buffer like it."""
-        t0, arr = time.perf_counter(), _array(buf)
+    def recv(self, buf, post, stage, peer=None, tag=0, test=None, op="irecv"):
+        """A receive into `buf` from `peer`: post(staged) makes the real one into stage(buf), a buffer
+        like it, when the stream starts it; test(real) says it is done."""
+        t0, arr = time.perf_counter(), array(buf)
         if arr is None:
             return None
-        p = Posted("recv", buf, arr, site())
+        p = Posted("recv", buf, arr, site(), peer, tag, test)
         self._settle(p.site)
         self._alias(p)
-        staged = stage(buf)
-        p.stage = _array(staged)
+        p.staged = stage(buf)
+        p.stage = array(p.staged)
         p.stage[...] = arr.reshape(p.stage.shape)  # a shorter message leaves the rest as it was
         _poison(arr)
-        p.crc = _crc(arr)
-        self.pending.append(p)
-        self.counts["recv"] += 1
-        self.spent += time.perf_counter() - t0
-        p.real = post(staged)
+        p.crc, p.post = _crc(arr), post
+        self._posted(p, op, t0)
         self._trace(True)
         return p
 
-    def flush(self):
-        """Post every deferred send now, its data as its buffer holds it now."""
-        while self.deferred:
-            p = self.deferred.pop(0)
-            p.real = p.post(p.buf)
+    def _posted(self, p, op, t0):
+        self.pending.append(p)
+        self.stream.append(p)
+        self.counts[p.kind] += 1
+        p.slot = flight.get().begin(op, "p2p", p.arr, peers=p.peers() if p.peer is not None else "")
+        self.spent += time.perf_counter() - t0
+        return p
 
-    def complete(self, p):
+    # ---------------------------------------------------------------- the simulated stream
+    def group(self, ps):
+        """These requests (posted, not started) start together, as one NCCL group."""
+        gid = next(_GROUPS)
+        for p in ps:
+            if not p.started:
+                p.group = gid
+
+    def _start(self, p):
+        p.started = True
+        p.real = p.post(p.staged if p.kind == "recv" else p.buf)
+
+    def _ready(self, p):
+        if p.started and not p.ready:
+            p.ready = bool(p.test(p.real))
+        return p.ready
+
+    def flush(self):
+        """Move the stream, never waiting: start its first call (or group), and the next once that is
+        done. True when anything moved."""
+        moved = False
+        if not self.order:  # every call on its own, as MPI and gloo run them: all start now
+            for p in self.stream:
+                self._start(p)
+            moved, self.stream = bool(self.stream), []
+        while self.stream:
+            head = self.stream[0]
+            unit = [head] if head.group is None else [p for p in self.stream if p.group == head.group]
+            for p in unit:
+                if not p.started:
+                    self._start(p)
+                    moved = True
+            if not all([self._ready(p) for p in unit]):
+                return moved
+            self.stream = [p for p in self.stream if p not in unit]
+            moved = True
+        return moved
+
+    def test(self, ps, group=False):
+        """A test of requests `ps`: True (each checked and delivered) once every one is done."""
+        if group:
+            self.group(ps)
+        self.flush()
+        if all(p.done or self._ready(p) for p in ps):
+            for p in ps:
+                self.complete(p)
+            return True
+        return False
+
+    def wait(self, ps, group=False):
+        """Wait for requests `ps` (together: one group), moving the stream; then check and deliver."""
+        if group:
+            self.group(ps)
+        waited = site()
+        self._until(lambda: all(p.done or self._ready(p) for p in ps), waited)
+        for p in ps:
+            self.complete(p, waited)
+
+    def drain(self):
+        """Wait until the stream holds nothing (a call that runs behind it, as Sendrecv)."""
+        self._until(lambda: not self.stream, site())
+
+    def idle(self):
+        self.flush() or time.sleep(0.0002)
+
+    def _until(self, done, waited):
+        t0 = last = time.perf_counter()
+        slot, pause = -1, 0.0
+        while True:
+            moved = self.flush()
+            if done():
+                break
+            now = time.perf_counter()
+            if moved:
+                last, pause = now, 0.0
+            if slot < 0 and now - t0 > 0.02:  # blocked: what it waits for is recorded, for a reader
+                head = self.stream[0] if self.stream else None
+                unit = [] if head is None else [head] if head.group is None else \
+                    [p for p in self.stream if p.group == head.group]
+                queued = any(not p.started for p in self.stream)
+                slot = flight.get().begin("wait, queued" if queued else "wait", "p2p", peers=" ".join(
+                    p.peers() for p in unit if not p.ready and p.peer is not None))
+            if now - last > STUCK_S and self.stream and self._cycle(waited, now - last):
+                last = now
+            pause = min(0.002, pause + 0.0001)
+            time.sleep(pause)
+        flight.get().end(slot)
+
+    def _cycle(self, waited, seconds):
+        """Report a deadlock of the simulated streams (this rank's and the others', from their flight
+        records in the run folder), once every rank of it saw it; then post what the stream holds
+        (collecting) or raise (strict). False when there is none (yet)."""
+        run_dir = os.environ.get("TUTOR_RUN_DIR")
+        if run_dir and os.path.isdir(run_dir):
+            loop = _records_cycle(run_dir, self.rank)
+            if not loop:
+                return False
+            mark = os.path.join(run_dir, f"sanitize-cycle-{next(_CYCLES)}-rank{self.rank}")  # the k-th seen
+            open(mark, "w").close()
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 5 and not all(os.path.exists(mark.replace(f"rank{self.rank}", f"rank{r}"))
+                                                            for r in loop):
+                time.sleep(0.01)  # every rank of the cycle reports it, before any moves on
+            said = " -> ".join(map(str, loop + loop[:1]))
+        elif seconds < LONE_S:
+            return False
+        else:
+            said = f"nothing moved for {seconds:.0f} s (no run folder: a deadlock, or a peer that never came)"
+        head = self.stream[0]
+        for p in self.stream:  # MPI's and gloo's own rules from here: every call posted now
+            if not p.started:
+                self._start(p)
+        self.stream = []
+        self.report("ungrouped point-to-point calls deadlock in NCCL's order",
+                    f"{head.kind} posted at {head.site}, waited at {waited} (ranks {said})")
+        return True
+
+    def complete(self, p, waited=None):
         """The request `p` is done (its wait or a test said so): check it, deliver a receive."""
         if p.done:
             return
-        t0, p.done, waited = time.perf_counter(), True, site()
+        t0, p.done, waited = time.perf_counter(), True, waited or site()
+        flight.get().end(p.slot)
+        if p in self.stream:
+            self.stream.remove(p)
         self._settle(waited)
         self.pending.remove(p)
         if not any(q.kind == "recv" for q in self.pending):
@@ -206,9 +341,16 @@ class Sanitizer:
         """At the end: post what is deferred, name every request never waited. Returns the lines."""
         self._settle()
         try:
-            self.flush()
+            for p in self.stream:  # posted now, whatever the order, so that no peer waits forever
+                if not p.started:
+                    self._start(p)
+            t0 = time.perf_counter()  # a send in NCCL's order waits for its receiver's word: a while
+            while time.perf_counter() - t0 < 5 and not all(self._ready(p) for p in self.pending
+                                                           if p.kind == "send" and not p.done):
+                time.sleep(0.001)
         except Exception:  # the transport is gone already: the request is named all the same
             pass
+        self.stream = []
         for p in list(self.pending) if not self.stopped else []:
             self.pending.remove(p)
             _KEPT.append(p)  # MPI may still read or write its buffer: it stays alive, as the process
@@ -250,7 +392,7 @@ class Sanitizer:
         cuts = _cuts(frame.f_code.co_filename).get(frame.f_lineno, [])
         for name, cut in [(n, None) for n in names] + cuts:
             obj = frame.f_locals.get(name, frame.f_globals.get(name))
-            arr = _array(obj) if isinstance(obj, np.ndarray) or hasattr(obj, "data_ptr") else None
+            arr = array(obj) if isinstance(obj, np.ndarray) or hasattr(obj, "data_ptr") else None
             if arr is None or (cut is not None and not self._near(_span(arr))):
                 continue
             if cut is not None:  # name[...] of an array that holds a posted receive: which part?
@@ -258,7 +400,7 @@ class Sanitizer:
                     arr = arr[eval(cut, frame.f_globals, dict(frame.f_locals))]
                 except Exception:
                     continue
-                if not isinstance(arr, np.ndarray) or arr.size == 0 or not np.shares_memory(arr, _array(obj)):
+                if not isinstance(arr, np.ndarray) or arr.size == 0 or not np.shares_memory(arr, array(obj)):
                     continue
             lo, hi = _span(arr)
             for p in self.pending:
@@ -335,20 +477,67 @@ def using(san):
 
 def flush():
     san = _ACTIVE[0]
-    if san is not None and san.deferred:
+    if san is not None and san.stream:
         san.flush()
 
 
-def install(ctx):
-    """Sanitize this run (strict) and return ctx.comm wrapped; on a GPU run, say why not (rank 0)."""
+def active():
+    """The Sanitizer the wrapped calls report to now, or None."""
+    return _ACTIVE[0]
+
+
+def _records_cycle(run_dir, rank):
+    """[rank, ...]: a cycle of ranks blocked in a sanitized wait with calls queued behind it, each
+    waiting on the next (a send on a peer not already receiving from it), read from the records."""
+    waits = {}
+    for name in os.listdir(run_dir):
+        if name.startswith("rank") and name.endswith(".flight"):
+            try:
+                with open(os.path.join(run_dir, name), "rb") as f:
+                    head, entries = flight.parse(f.read())
+            except OSError:
+                continue
+            last = entries[-1] if entries else None
+            if head and last and last["op"] == "wait, queued" and last["state"] == "started":
+                waits[head["rank"]] = last["peers"].split()
+    nxt = {r: [int(p[1:]) for p in ps if int(p[1:]) in waits and (p[0] == "r" or f"r{r}" not in waits[int(p[1:])])]
+           for r, ps in waits.items()}
+    path = [rank]
+    while path[-1] in nxt and nxt[path[-1]]:
+        step = nxt[path[-1]][0]
+        if step in path:
+            loop = path[path.index(step):]
+            return loop if rank in loop else None
+        path.append(step)
+    return None
+
+
+def comm(c):
+    from common import sanitize_calls
+    return sanitize_calls.comm(c)
+
+
+def patch_torch(world=None):
+    """torch.distributed's point-to-point calls sanitized (common/sanitize_calls.py). Collective over
+    `world` (default: the MPI world), whose duplicate carries NCCL's order's tokens."""
+    from common import sanitize_calls
+    if world is None:
+        from mpi4py import MPI
+        world = MPI.COMM_WORLD
+    sanitize_calls.patch_torch(world)
+
+
+def install(ctx, order=True):
+    """Sanitize this run (strict) and return ctx.comm wrapped; on a GPU run, say why not (rank 0).
+    order: NCCL's order too (--sanitize); off, the buffer hazards only (a practice run's default)."""
     if ctx.device != "cpu":
         if ctx.rank == 0:
             print("note: --sanitize checks host buffers, and this run moves its data on the GPU: it is off",
                   flush=True)
         return ctx.comm
-    _ACTIVE[0] = Sanitizer(strict=True, rank=ctx.rank)
+    _ACTIVE[0] = Sanitizer(strict=True, rank=ctx.rank, order=order)
     if ctx.api == "torch":
-        patch_torch()
+        patch_torch(ctx.comm)
     atexit.register(_at_exit, ctx.rank)
     return comm(ctx.comm)
 
@@ -370,205 +559,3 @@ def _at_exit(rank):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(3)
-
-
-# ---------------------------------------------------------------- the wrapped calls: mpi4py
-_ORIG = {}  # what was replaced: "Comm" (the sanitized class), "Request", "torch" ({name: function})
-
-
-def comm(c):
-    """c (an mpi4py Intracomm) as one whose Isend, Issend and Irecv are sanitized and whose every other
-    call posts the deferred sends first; MPI.Request's Waitall and friends learn its requests."""
-    from mpi4py import MPI
-    if "Comm" not in _ORIG:
-        _ORIG["Comm"] = _comm_class(MPI)
-        _ORIG["Request"] = MPI.Request
-        MPI.Request = _requests_class(MPI.Request)
-    return _ORIG["Comm"](c)
-
-
-def _comm_class(MPI):
-    base, ns = MPI.Intracomm, {}
-
-    def flushing(name):
-        def call(self, *args, **kwargs):
-            flush()
-            return getattr(super(cls, self), name)(*args, **kwargs)
-        return call
-    for name in dir(base):
-        if not name.startswith("_") and callable(getattr(base, name)) and not isinstance(
-                getattr(base, name), type):
-            ns[name] = flushing(name)
-    for name in ("Isend", "Issend"):
-        ns[name] = (lambda fn: lambda self, buf, *a, **k: _posted_send(fn, self, buf, a, k))(getattr(base, name))
-    ns["Irecv"] = lambda self, buf, *a, **k: _posted_recv(base.Irecv, self, buf, a, k)
-    cls = type("SanitizedComm", (base,), ns)
-    return cls
-
-
-def _posted_send(fn, c, buf, a, k):
-    san = _ACTIVE[0]
-    p = san.send(buf, lambda b: fn(c, b, *a, **k)) if san else None
-    return _request(san, p) if p else fn(c, buf, *a, **k)
-
-
-def _posted_recv(fn, c, buf, a, k):
-    san = _ACTIVE[0]
-    p = san.recv(buf, lambda b: fn(c, b, *a, **k), _like) if san else None
-    return _request(san, p) if p else fn(c, buf, *a, **k)
-
-
-def _request(san, p):
-    r = _req_class()()  # an MPI.Request (null to MPI itself): every wait and test goes through it
-    r.san, r.p = san, p
-    return r
-
-
-def _like(buf):
-    """A fresh C-ordered buffer like `buf` (mpi4py's [buf, type ...] form kept, its array replaced)."""
-    if isinstance(buf, (list, tuple)):
-        return type(buf)([_like(buf[0]), *buf[1:]])
-    if hasattr(buf, "data_ptr"):
-        import torch
-        return torch.empty_like(buf, memory_format=torch.contiguous_format)
-    a = _array(buf)  # anonymous memory: outside tracemalloc's count, so a lesson's peaks stay its own
-    return np.frombuffer(mmap.mmap(-1, a.nbytes), a.dtype).reshape(a.shape)
-
-
-def _req_class():
-    if "Req" not in _ORIG:
-        class Req(_ORIG["Request"]):
-            """A sanitized request: its wait (or a test that says done) checks and delivers."""
-
-            def __bool__(self):
-                return not self.p.done
-
-            def Wait(self, status=None):
-                self.san.flush()
-                if not self.p.done:
-                    self.p.real.Wait(status)
-                    self.san.complete(self.p)
-                return True
-
-            def Test(self, status=None):
-                self.san.flush()
-                done = self.p.done or self.p.real.Test(status)
-                if done:
-                    self.san.complete(self.p)
-                return done
-        _ORIG["Req"] = Req
-    return _ORIG["Req"]
-
-
-def _requests_class(orig):
-    """MPI.Request, whose Waitall / Testall / Waitany / Testany take sanitized requests too."""
-    def unwrapped(requests):
-        mine = [r for r in requests if isinstance(r, _ORIG.get("Req", ()))]
-        for r in mine:
-            r.san.flush()
-        return mine, [r.p.real if r in mine else r for r in requests]
-
-    class Request(orig):
-        @classmethod
-        def Waitall(cls, requests, statuses=None):
-            mine, real = unwrapped(requests)
-            out = orig.Waitall([r for r in real if r is not None], statuses)
-            for r in mine:
-                r.san.complete(r.p)
-            return out
-
-        @classmethod
-        def Testall(cls, requests, statuses=None):
-            mine, real = unwrapped(requests)
-            done = orig.Testall([r for r in real if r is not None], statuses)
-            for r in mine if done else []:
-                r.san.complete(r.p)
-            return done
-
-        @classmethod
-        def Waitany(cls, requests, status=None):
-            mine, real = unwrapped(requests)
-            i = orig.Waitany(real, status)
-            if i >= 0 and requests[i] in mine:
-                requests[i].san.complete(requests[i].p)
-            return i
-
-        @classmethod
-        def Testany(cls, requests, status=None):
-            mine, real = unwrapped(requests)
-            i, done = orig.Testany(real, status)
-            if done and i >= 0 and requests[i] in mine:
-                requests[i].san.complete(requests[i].p)
-            return i, done
-    return Request
-
-
-# ---------------------------------------------------------------- the wrapped calls: torch.distributed
-FLUSHING = ("send", "recv", "barrier", "monitored_barrier", "all_reduce", "broadcast", "reduce", "gather",
-            "scatter", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
-            "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
-            "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-            "new_group", "destroy_process_group")
-
-
-class Work:
-    """A sanitized torch Work: wait() (or is_completed() once true) checks and delivers."""
-
-    def __init__(self, san, p):
-        self.san, self.p = san, p
-
-    def wait(self, *args, **kwargs):
-        self.san.flush()
-        if not self.p.done:
-            if self.p.real is not None:
-                self.p.real.wait(*args, **kwargs)
-            self.san.complete(self.p)
-        return True
-
-    def is_completed(self):
-        self.san.flush()
-        done = self.p.done or self.p.real is None or self.p.real.is_completed()
-        if done:
-            self.san.complete(self.p)
-        return done
-
-    def __getattr__(self, name):
-        self.san.flush()
-        return getattr(self.p.real, name)
-
-
-def patch_torch():
-    """torch.distributed's isend, irecv, P2POp and batch_isend_irecv sanitized (when a Sanitizer is
-    active), and its blocking calls made to post the deferred sends first."""
-    import torch.distributed as dist
-    if "torch" in _ORIG:
-        return
-    real = _ORIG["torch"] = {n: getattr(dist, n) for n in ("isend", "irecv", "batch_isend_irecv", "P2POp")}
-
-    def isend(tensor, *a, **k):
-        san = _ACTIVE[0]
-        p = san.send(tensor, lambda t: real["isend"](t, *a, **k)) if san else None
-        return Work(san, p) if p else real["isend"](tensor, *a, **k)
-
-    def irecv(tensor, *a, **k):
-        san = _ACTIVE[0]
-        p = san.recv(tensor, lambda t: real["irecv"](t, *a, **k), _like) if san else None
-        return Work(san, p) if p else real["irecv"](tensor, *a, **k)
-    ops = {isend: real["isend"], irecv: real["irecv"]}
-
-    class P2POp(real["P2POp"]):  # a real P2POp holding the real isend / irecv
-        def __new__(cls, op, *a, **k):
-            return real["P2POp"].__new__(cls, ops.get(op, op), *a, **k)
-
-        def __init__(self, op, *a, **k):
-            super().__init__(ops.get(op, op), *a, **k)
-
-    def batch_isend_irecv(p2p_op_list):
-        if _ACTIVE[0] is None:
-            return real["batch_isend_irecv"](p2p_op_list)
-        return [isend(o.tensor, o.peer, group=o.group, tag=o.tag) if o.op is real["isend"] else
-                irecv(o.tensor, o.peer, group=o.group, tag=o.tag) for o in p2p_op_list]
-    for name in FLUSHING:
-        if hasattr(dist, name):
-            setattr(dist, name, (lambda fn: lambda *a, **k: (flush(), fn(*a, **k))[1])(getattr(dist, name)))
-    dist.isend, dist.irecv, dist.P2POp, dist.batch_isend_irecv = isend, irecv, P2POp, batch_isend_irecv

@@ -159,13 +159,17 @@ def _name(comm, k, here, absent, prints, snap, moving):
     return found
 
 
+SENDS = ("isend", "issend", "send", "ssend")  # --sanitize's sends in NCCL's order: each waits for its receive
+
+
 def cycle(snap):
-    """A deadlock of point-to-point waits: [r0, r1, ...] where each waits to receive from the next."""
+    """A deadlock of point-to-point waits: [r0, r1, ...] where each waits to receive from the next (or,
+    in a send that waits for its receive, to send to it)."""
     waits = {}
     for r, (_, entries) in snap.items():
         last = waiting(entries)
         if last and last["kind"] == "p2p":
-            waits[r] = [int(p[1:]) for p in last["peers"].split() if p[0] == "r"]
+            waits[r] = [int(p[1:]) for p in last["peers"].split() if p[0] == "r" or last["op"] in SENDS]
     for start in sorted(waits):
         path, r = [start], start
         while True:
@@ -185,7 +189,8 @@ def diagnose(snap, np, moving=()):
         return None
     loop = cycle(snap)
     if loop:
-        pairs = [f"rank {a} waits to receive from {b}" for a, b in zip(loop, loop[1:] + loop[:1])]
+        pairs = [f"rank {a} waits " + ("in a send to" if waiting(snap[a][1])["op"] in SENDS else "to receive from")
+                 + f" {b}" for a, b in zip(loop, loop[1:] + loop[:1])]
         first = waiting(snap[loop[0]][1])
         return {"kind": "cycle", "field": "p2p-cycle", "rank": loop[0], "ranks": sorted(loop),
                 "seq": first["seq"], "comm": first["comm"], "call": f"{first['op']} #{first['seq']}",
