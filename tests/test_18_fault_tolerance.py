@@ -75,9 +75,10 @@ def test_only_a_lesson_that_expects_a_death_gets_the_flags(monkeypatch):
 KILLED = 137 << 8  # exit status 137, as the lesson's dying rank leaves under hydra
 
 
-def _outcome(rc, statuses, killed=0, timed_out=False):
+def _outcome(rc, statuses, killed=0, timed_out=False, survivors=None, np=None):
+    summary = {"killed": killed, **({} if survivors is None else {"survivors": survivors})}
     return launch.Outcome(rc=rc, seconds=1.0, statuses=statuses, timed_out=timed_out,
-                          results={"summary": {"killed": killed}, "np": len(statuses or [0, 0])})
+                          results={"summary": summary, "np": np or len(statuses or [0, 0])})
 
 
 @pytest.mark.parametrize("rc, statuses, killed, want", [
@@ -88,11 +89,18 @@ def _outcome(rc, statuses, killed=0, timed_out=False):
     (9, [KILLED, signal.SIGKILL, 0], 0, 9),    # a survivor died as well
     (1, [KILLED, 256, 0], 0, 1),               # a survivor failed
     (137, [0, 0, 0], 0, 137),                  # the planned rank did not die: the launcher's word stands
-    (137, None, 0, 137),                       # no statuses (hydra over several hosts): a crash
+    (137, None, 0, 137),                       # no statuses, no survivors' word: a crash
     (0, None, 0, 0),                           # Open MPI with ULFM: 0 by itself
 ])
 def test_expected_death_passes_only_the_planned_death(rc, statuses, killed, want):
     assert verdict.expected_death(_outcome(rc, statuses, killed)) == want
+
+
+@pytest.mark.parametrize("survivors, np, want", [(3, 4, 0), (2, 4, 137), (None, 4, 137), (0, 1, 137)])
+def test_without_statuses_the_survivors_all_reporting_is_the_planned_death(survivors, np, want):
+    """hydra over several hosts lists exit codes by host (on the two-node bed: a CRASH of a run whose
+    every check passed): then all N-1 survivors having written the results is the word; fewer is not."""
+    assert verdict.expected_death(_outcome(137, None, 0, survivors=survivors, np=np)) == want
 
 
 def test_expected_death_never_passes_a_timeout():
@@ -147,8 +155,8 @@ def _gone(pids):
 
 def _run(n, api, extra, capfd):
     outcome, checks = engine.run_lesson(lesson("18"), n, api, "cpu", extra, echo=False)
-    why = "\n".join(engine.explain(lesson("18"), outcome, checks))
-    assert engine.ok(outcome, checks), f"np={n} api={api} {extra}: {why}\n{capfd.readouterr().out[-2000:]}"
+    why = "\n".join(verdict.explain(lesson("18"), outcome, checks))
+    assert verdict.ok(outcome, checks), f"np={n} api={api} {extra}: {why}\n{capfd.readouterr().out[-2000:]}"
     assert _gone(outcome.pids.values()) is None, "a rank of the run is still running"
     return outcome
 

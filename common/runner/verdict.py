@@ -38,9 +38,15 @@ def expected_death(outcome):
     """The run's status for a lesson whose YAML says expects_death: 0 when the ranks that did not end
     with status 0 are only the one its results say it killed (summary.killed), hydra reporting each
     rank's status; else the launcher's own. Open MPI with ULFM exits 0 itself when the others did."""
-    killed = ((outcome.results or {}).get("summary") or {}).get("killed")
-    statuses = outcome.statuses or []
-    if outcome.rc == 0 or not isinstance(killed, int) or not 0 <= killed < len(statuses) or outcome.timed_out:
+    results = outcome.results or {}
+    summary = results.get("summary") or {}
+    killed, statuses = summary.get("killed"), outcome.statuses or []
+    if outcome.rc == 0 or not isinstance(killed, int) or outcome.timed_out:
+        return outcome.rc
+    if not statuses:  # hydra on several hosts lists them by host: then the survivors' own word, all of
+        # them (results are written only after every survivor reached the end together)
+        return 0 if summary.get("survivors") == results.get("np", 0) - 1 >= 1 else outcome.rc
+    if not 0 <= killed < len(statuses):
         return outcome.rc
     others = [s for r, s in enumerate(statuses) if r != killed]
     return 0 if statuses[killed] and not any(others) else outcome.rc
