@@ -5,6 +5,8 @@
     b = tolerance.budget("float32", n, "ring", abs_sum)     # |computed - exact| <= b, element by element
     b = tolerance.budget("bfloat16", n, "ring", abs_sum, accumulate="float32")   # add in fp32, round once
     m = tolerance.mean_budget("float32", n, "tree", abs_sum, divisor=n)          # the sum, then / divisor
+    p = tolerance.parity("float64", k, abs_sum)     # two correct evaluations of one sum, each its own order
+    r = tolerance.worst_ratio(abs(a - b), p)        # max |a - b| / budget over elements: <= 1 inside
 
 The derivation (the standard one: a rounded operation is the exact one times (1 + d), |d| <= u):
   * every addition a + b of numbers already in the dtype returns (a + b)(1 + d), |d| <= u, where u is
@@ -18,6 +20,11 @@ The derivation (the standard one: a rounded operation is the exact one times (1 
     gamma_k(u_acc) * S of exact (S = sum|x_i|), and the final rounding adds u_out * |wide sum|, at most
     u_out * (1 + gamma_k(u_acc)) * S.
   * a mean: the sum within B, then one division: |fl(s'/d) - s/d| <= (B + u * (S + B)) / d.
+  * two runs that should agree (by hand against one process, a bucket against a tensor) each evaluate
+    the same sum in an order of their own, each within gamma_k * S of the exact sum, so
+    |a - b| <= 2 gamma_k * S (parity). k counts every rounding on a term's path: the additions and any
+    scaling on the way (a division by B, a multiplication by N); a dot product of length m is a sum of
+    m rounded products: k = m.
 The bound is for the order a run used, whatever it was: a library that does not say its order gets the
 ring's depth n-1 (no order of n-1 additions is deeper). It is a worst case: typical errors are near
 sqrt(k) * u * sqrt(sum x_i**2), far inside it; a wrong answer (a rank left out, a division twice)
@@ -25,6 +32,8 @@ is off by a whole term, far outside it. It says nothing about the inputs' own ro
 exact sum it is held against is the sum of the values the ranks really held.
 """
 import math
+
+import numpy as np
 
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 ALGORITHMS = ("ring", "tree")   # ring: a chain of additions (any order: the worst case); tree: balanced
@@ -67,3 +76,27 @@ def mean_budget(dtype, n, algorithm, abs_sum, divisor, accumulate=None):
     """The budget of (the sum) / divisor, the division rounded in `dtype`."""
     b = budget(dtype, n, algorithm, abs_sum, accumulate)
     return (b + unit_roundoff(dtype) * (abs_sum + b)) / divisor
+
+
+def parity(dtype, k, abs_sum, accumulate=None):
+    """The largest |a - b| between two correct evaluations of one sum, each in an order of its own with
+    at most k roundings on any term's path (additions, scalings): each is within gamma_k * S of the
+    exact sum, S = abs_sum = sum_i |x_i| (a number or an array, per element), so 2 gamma_k * S.
+    accumulate: as in budget(), the rounding to `dtype` once after adds in a wider dtype."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    g = gamma(k, unit_roundoff(accumulate or dtype))
+    return 2 * (g if accumulate is None else g + unit_roundoff(dtype) * (1 + g)) * abs_sum
+
+
+def worst_ratio(err, bound):
+    """max over elements of |err| / bound (NumPy arrays or numbers of one shape): <= 1 when every element
+    is inside its budget; an element with err 0 counts 0 even where its bound is 0, one with err > 0 and
+    bound 0 counts inf (a correct run cannot differ where no rounding happened)."""
+    err, bound = np.abs(np.asarray(err, dtype=np.float64)), np.asarray(bound, dtype=np.float64)
+    err, bound = np.broadcast_arrays(err, bound)
+    if err.size == 0:
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(err == 0, 0.0, err / bound)
+    return float(np.where(np.isnan(r), np.inf, r).max())  # a NaN difference is outside any budget

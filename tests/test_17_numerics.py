@@ -90,6 +90,36 @@ def test_budget_holds_a_chain_and_not_a_missing_term(dtype, n):
     assert np.mean(np.abs(np.sum(every[1:], axis=0) - exact) > budget) > 0.9  # one rank left out
 
 
+def test_parity_by_hand_and_worst_ratio():
+    g = 4 * U32 / (1 - 4 * U32)
+    assert tolerance.parity("float32", 4, 3.0) == pytest.approx(2 * g * 3.0, rel=1e-15)
+    g64 = 4 * 2.0 ** -53 / (1 - 4 * 2.0 ** -53)
+    assert tolerance.parity("bfloat16", 4, 1.0, accumulate="float64") == pytest.approx(2 * (g64 + U16 * (1 + g64)))
+    assert tolerance.parity("float64", 0, 5.0) == 0  # nothing rounds: two runs must agree exactly
+    with pytest.raises(ValueError, match="k must be"):
+        tolerance.parity("float32", -1, 1.0)
+    assert tolerance.worst_ratio([0.0, 1.0, -3.0], [0.0, 2.0, 2.0]) == 1.5
+    assert tolerance.worst_ratio([0.0, 0.0], [0.0, 1.0]) == 0.0      # 0/0 inside: nothing differed
+    assert math.isinf(tolerance.worst_ratio([1e-300], [0.0]))        # a difference where none may be
+    assert tolerance.worst_ratio([], []) == 0.0
+
+
+@pytest.mark.parametrize("m", [2, 7, 130])
+def test_parity_holds_two_orders_of_a_dot_product_and_not_a_dropped_term(m):
+    """A dot product of length m in two orders (forward, and pairwise by NumPy) in float32: inside
+    2 gamma_m * sum|a_i b_i|; the same with one product left out falls outside on most entries."""
+    rng = np.random.default_rng(m)
+    a, b = rng.standard_normal((4096, m)).astype(np.float32), rng.standard_normal((4096, m)).astype(np.float32)
+    prods = a * b                                                # each product rounded once: part of k = m
+    chain = np.zeros(4096, np.float32)
+    for i in range(m):
+        chain = chain + prods[:, i]
+    pairwise = np.sum(prods[:, ::-1], axis=1, dtype=np.float32)
+    bound = tolerance.parity("float32", m, np.sum(np.abs(a.astype(np.float64) * b), axis=1))
+    assert tolerance.worst_ratio(chain - pairwise, bound) <= 1
+    assert np.mean(np.abs(chain - prods[:, 1:].sum(axis=1)) > bound) > 0.9
+
+
 # ---------------------------------------------------------------- the reproducible sum
 @pytest.mark.parametrize("m", [1, 2, 5, 12, 17])
 def test_owned_nodes_cover_every_contribution_once(m):
