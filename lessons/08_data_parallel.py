@@ -33,14 +33,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import bootstrap, report, shards, timing  # noqa: E402
-from lessons.data_parallel import show, torch_ddp  # noqa: E402
+from lessons.data_parallel import budget, show, torch_ddp  # noqa: E402
 
-SEED = 8                   # data and models come from this seed, identical on every rank
+SEED = 8                   # data and models come from this seed (--seed), identical on every rank
 BATCH = 130                # global batch: 130 % 3 == 1, 130 % 4 == 2, so shards are uneven at NP 3, 4
 FEATURES, HIDDEN = 6, 16   # part 1's MLP: FEATURES -> HIDDEN -> tanh -> 1
 STEPS = 5                  # optimizer steps in part 1
 LR, MOMENTUM = 0.05, 0.9   # SGD with momentum, the same for (a), (b), (c)
-TOL = {"float64": 1e-10, "float32": 1e-5}  # max |dparam| allowed: the all-reduce adds in its own order
+DTYPES = ("float32", "float64")  # parity is graded against common/tolerance.py's budget for the dtype
 DEPTH, WIDTH = 32, 64      # parts 2-3: DEPTH bias-free WIDTH x WIDTH layers, all tensors one size
 DEEP_BATCH = 64            # rows per rank in parts 2-3
 BUCKET_MB = 0.25           # bucket cap: float64 S = 32 KiB, so 8 layers per bucket, 4 buckets
@@ -92,8 +92,8 @@ def nccl_sum():
 
 
 # ---------------------------------------------------------------- 1. equal to one process and to DDP
-def tiny_mlp(torch, dtype, device):
-    torch.manual_seed(SEED)  # same seed on every rank: (a) and (b) start equal without a broadcast
+def tiny_mlp(torch, dtype, device, seed=SEED):
+    torch.manual_seed(seed)  # same seed on every rank: (a) and (b) start equal without a broadcast
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(),
                                torch.nn.Linear(HIDDEN, 1)).to(dtype=dtype, device=device)
 
@@ -131,7 +131,7 @@ def part1(ctx, args, torch, device):
     """Train (a) by hand, (b) one process, (c) DDP; return this rank's row of numbers."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     n, rank, dtype = ctx.world_size, ctx.rank, getattr(torch, args.dtype)
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.batch, FEATURES, generator=gen, dtype=torch.float64)
     y = (x.sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(args.batch, 1, generator=gen,
                                                               dtype=torch.float64))
@@ -139,7 +139,7 @@ def part1(ctx, args, torch, device):
     lo, hi = shards.chunk_bounds(args.batch, n)[rank]
     xr, yr = x[lo:hi], y[lo:hi]  # my slice; may be empty when batch < NP: it then adds zeros
 
-    models = {k: tiny_mlp(torch, dtype, device) for k in "abc"}
+    models = {k: tiny_mlp(torch, dtype, device, args.seed) for k in "abc"}
     with torch.no_grad():  # (c) starts elsewhere on every rank but 0: DDP must broadcast rank 0's weights
         for p in models["c"].parameters():
             p.add_(NUDGE * rank)
@@ -152,6 +152,8 @@ def part1(ctx, args, torch, device):
     full = models["b"]
     per_sample_loss(full, x, y).mean().backward()
     g_full = flat_grads(torch, full)
+    drift = budget.Drift(torch, args.dtype, args.batch, args.lr, MOMENTUM)  # the oracle's budgets, per element
+    drift.step(full, opts["b"], x, y)                                       # step 0's gradient budget
     full.zero_grad()
     mom = models["a"]  # mean of per-rank means: each rank's own mean loss, all-reduced, / N
     per_sample_loss(mom, xr, yr).sum().div(max(hi - lo, 1)).backward()
@@ -159,30 +161,37 @@ def part1(ctx, args, torch, device):
         allreduce_sum(ctx, p.grad)
         p.grad /= n
     mom_err = float((flat_grads(torch, mom) - g_full).abs().max())
+    mom_ratio = budget.ratio(torch, [flat_grads(torch, mom)], [g_full], drift.first)
     mom.zero_grad()
     ddp = models["c"]  # DDP with the exact rule's sum / B but no * N: DDP divides by N
     (per_sample_loss(ddp, xr, yr).sum() / args.batch).backward()
     ddp_ratio = float(flat_grads(torch, ddp.module).norm() / g_full.norm())
     ddp.zero_grad()
 
-    exact_err = None
+    exact_err = exact_ratio = None
     for step in range(args.steps):
         for opt in opts.values():
             opt.zero_grad()
         data_parallel_backward(ctx, models["a"], xr, yr, args.batch)                       # (a)
         per_sample_loss(models["b"], x, y).mean().backward()                                # (b)
         (per_sample_loss(models["c"], xr, yr).sum() * n / args.batch).backward()           # (c)
+        ga, gb = flat_grads(torch, models["a"]), flat_grads(torch, models["b"])
         if step == 0:
-            exact_err = float((flat_grads(torch, models["a"]) - flat_grads(torch, models["b"])).abs().max())
+            exact_err, exact_ratio = float((ga - gb).abs().max()), budget.ratio(torch, [ga], [gb], drift.first)
+        drift.step(models["b"], opts["b"], x, y)       # (b)'s gradient, per-sample magnitudes, momentum
         for opt in opts.values():
             opt.step()
+        drift.after(opts["b"], models["b"])
     if ctx.device == "gpu":
         torch.cuda.synchronize()
 
     pa, pb, pc = (list(models[k].parameters()) for k in "abc")
     vs0 = vs_rank0(ctx, pa + pc)
+    ratios = {f"{k}_ratio": budget.ratio(torch, u, w, drift.dp) for k, u, w in
+              (("a_vs_b", pa, pb), ("a_vs_c", pa, pc), ("c_vs_b", pc, pb))}  # |diff| / budget, worst element
     return {"shard": hi - lo, "a_vs_b": max_diff(pa, pb), "a_vs_c": max_diff(pa, pc),
-            "c_vs_b": max_diff(pc, pb), "vs_rank0": vs0, "exact_grad_err": exact_err,
+            "c_vs_b": max_diff(pc, pb), **ratios, "budget_max": float(drift.dp.max()), "vs_rank0": vs0,
+            "exact_grad_err": exact_err, "exact_grad_ratio": exact_ratio, "mom_grad_ratio": mom_ratio,
             "ddp_init_before": before, "ddp_init_after": after,
             "mom_grad_err": mom_err, "ddp_unscaled_ratio": ddp_ratio}
 
@@ -211,12 +220,6 @@ def deep_mlp(torch, dtype, device):
         layers += [torch.nn.Linear(WIDTH, WIDTH, bias=False), torch.nn.Tanh()]
         torch.nn.init.normal_(layers[-2].weight, std=WIDTH ** -0.5)  # gain 1: grads do not vanish in depth
     return torch.nn.Sequential(*layers).to(dtype=dtype, device=device)
-
-
-def rel_diff(got, want):
-    """max |got - want| over max |want|, over lists of tensors: 0 when equal, ~N*eps for a reordered sum."""
-    scale = max(float(w.abs().max()) for w in want)
-    return max_diff(got, want) / scale if scale > 0 else max_diff(got, want)
 
 
 class Bucketer:
@@ -300,7 +303,7 @@ def parts23(ctx, args, torch, device):
     sync = timing.syncer(ctx)  # every clock waits for the GPU's queued work
     model = deep_mlp(torch, dtype, device)
     params = list(model.parameters())
-    gen = torch.Generator().manual_seed(SEED + 2 + rank)  # each rank its own rows
+    gen = torch.Generator().manual_seed(args.seed + 2 + rank)  # each rank its own rows
     x, target = (torch.randn(DEEP_BATCH, WIDTH, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
                  for _ in range(2))
 
@@ -321,7 +324,8 @@ def parts23(ctx, args, torch, device):
     for p, g in zip(params, local):
         p.grad.copy_(g)
     buckets.after_backward()
-    bucket_err = rel_diff([p.grad for p in params], by_param)
+    bound = budget.across_ranks(ctx, torch, local, args.dtype)  # two all-reduces of these: 2 gamma_{N-1} sum|g_r|
+    bucket_ratio = budget.ratio(torch, [p.grad for p in params], by_param, bound)
     sync()
     t2 = timed(ctx, {"per_param": per_param, "bucketed": buckets.after_backward}, args.reps, sync,
                reset=lambda: [p.grad.copy_(g) for p, g in zip(params, local)])  # same grads every call
@@ -333,7 +337,7 @@ def parts23(ctx, args, torch, device):
     backward()
     buckets.finish()
     sync()
-    overlap_err = rel_diff([p.grad for p in params], after)
+    overlap_ratio = budget.ratio(torch, [p.grad for p in params], after, bound)
 
     def overlapped():
         buckets.arm()
@@ -350,7 +354,7 @@ def parts23(ctx, args, torch, device):
                                       torch.ones(2, FEATURES, dtype=dtype, device=device), DDP_STEPS)
     sizes = [p.numel() * p.element_size() for p in params]
     comm, compute = times["comm"], times["compute"]
-    return {"bucket_err": bucket_err, "overlap_err": overlap_err}, {
+    return {"bucket_ratio": bucket_ratio, "overlap_ratio": overlap_ratio}, {
         "calls_per_param": len(params), "calls_bucketed": len(buckets.plan), "buckets": buckets.plan,
         "ddp_buckets": theirs, "ddp_first_backward_buckets": first, "ddp_same_buckets": theirs == buckets.plan,
         "first_bucket_head": buckets.plan[0][0], "bucketed_bytes": sum(sizes[i] for b in buckets.plan for i in b),
@@ -372,7 +376,8 @@ def flags():
     parser.add_argument("--steps", type=bootstrap.positive(int), default=STEPS,
                         help=f"training steps (default {STEPS})")
     parser.add_argument("--batch", type=bootstrap.positive(int), default=BATCH, help=f"global batch (default {BATCH})")
-    parser.add_argument("--dtype", choices=sorted(TOL), default="float64")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"data and model seed (default {SEED})")
     parser.add_argument("--lr", type=bootstrap.positive(float), default=LR, help=f"SGD learning rate (default {LR})")
     parser.add_argument("--bucket-mb", type=bootstrap.positive(float), default=BUCKET_MB,
                         help=f"bucket cap in MiB (default {BUCKET_MB})")
@@ -391,7 +396,7 @@ def torch_for(ctx, args):
         bootstrap.init_torch(ctx)  # ddp needs a torch process group: gloo (nccl on gpu) from the mpi ranks
     itemsize = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
     params = {"batch": args.batch, "steps": args.steps, "dtype": args.dtype, "itemsize": itemsize,
-              "lr": args.lr, "momentum": MOMENTUM, "tol": TOL[args.dtype], "depth": DEPTH, "width": WIDTH,
+              "lr": args.lr, "momentum": MOMENTUM, "seed": args.seed, "depth": DEPTH, "width": WIDTH,
               "bucket_mb": args.bucket_mb, "cap_bytes": int(args.bucket_mb * 2 ** 20), "reps": args.reps}
     return torch, device, params
 
@@ -402,7 +407,7 @@ def main():
 
     show.heading1(ctx, args, MOMENTUM)
     row = part1(ctx, args, torch, device)                            # 1. (a) by hand, (b) one process, (c) DDP
-    show.part1(ctx, args, ctx.comm.gather(row, root=0), NUDGE, TOL[args.dtype])  # the averaging facts
+    show.part1(ctx, args, ctx.comm.gather(row, root=0), NUDGE)       # the averaging facts, the budget
 
     show.heading2(ctx, args, params)
     values, summary = parts23(ctx, args, torch, device)              # 2. buckets, 3. overlap from hooks

@@ -1,6 +1,7 @@
 """Lesson 08's pure parts, in one process: bucket packing, the uneven-shard loss arithmetic, and what
 lessons/data_parallel/show.py says of the overlap figures (no MPI)."""
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -9,8 +10,8 @@ import sys
 import pytest
 
 from common import bootstrap, shards
-from conftest import ROOT, load_lesson
-from lessons.data_parallel import show
+from conftest import ROOT, load_lesson, tutor
+from lessons.data_parallel import budget, show
 
 PATH = os.path.join(ROOT, "lessons", "08_data_parallel.py")
 
@@ -99,6 +100,60 @@ def test_sum_over_global_batch_is_exact_and_mean_of_means_is_not():
     equal = [grads(torch, model, dp.per_sample_loss(model, x[a:b], y[a:b]).mean())
              for a, b in shards.chunk_bounds(batch, 4)]            # 4 shards of 16: equal, so right
     assert float((sum(equal) / 4 - full).abs().max()) < 1e-14
+
+
+def test_per_sample_abs_is_the_loop_over_rows_and_the_budget_tells_orders_from_a_wrong_mean():
+    """per_sample_abs = sum over rows of |one row's gradient / B|; the full batch's gradient and the sum of
+    3 shards' (sum / B) stay inside the step's parity budget, the mean of uneven shards' means does not."""
+    torch = pytest.importorskip("torch")
+    batch = 64
+    model = dp.tiny_mlp(torch, torch.float32, torch.device("cpu"), seed=3)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(batch, dp.FEATURES, generator=gen), torch.randn(batch, 1, generator=gen)
+    rows = [grads(torch, model, dp.per_sample_loss(model, x[i:i + 1], y[i:i + 1]).sum() / batch) for i in range(batch)]
+    got = budget.per_sample_abs(torch, model, x, y, batch)
+    assert torch.allclose(got, sum(r.abs().double() for r in rows), rtol=1e-5, atol=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    full = grads(torch, model, dp.per_sample_loss(model, x, y).mean())
+    dg = budget.Drift(torch, "float32", batch, 0.05, 0.9).step(model, opt, x, y)
+    bounds = shards.chunk_bounds(batch, 3)
+    parts = [grads(torch, model, dp.per_sample_loss(model, x[a:b], y[a:b]).sum() / batch) for a, b in bounds]
+    means = [grads(torch, model, dp.per_sample_loss(model, x[a:b], y[a:b]).mean()) for a, b in bounds]
+    assert budget.ratio(torch, [sum(parts)], [full], dg) <= 1
+    assert budget.ratio(torch, [sum(means) / 3], [full], dg) > 10
+
+
+# every value lesson 08 grades against the oracle's budget (|difference| / budget, <= 1 inside)
+BUDGETED = ("a_vs_b_ratio", "a_vs_c_ratio", "c_vs_b_ratio", "exact_grad_ratio", "bucket_ratio", "overlap_ratio")
+
+
+def worst_over_seeds(tmp_path, n, seeds, dtype):
+    """Lesson 08 run at n ranks for each seed: every check passes; the worst budgeted ratio over them."""
+    worst = 0.0
+    for seed in seeds:
+        out = tmp_path / f"r{n}-{seed}-{dtype}.json"
+        done = tutor("run", "08", "-n", str(n), "--api", "mpi4py", "--json", str(out), "--", "--steps", "3",
+                     "--reps", "1", "--seed", str(seed), "--dtype", dtype, timeout=400)
+        doc = json.loads(out.read_text())
+        assert done.returncode == 0 and doc["status"] == "pass", (seed, done.stdout[-3000:] + done.stderr)
+        worst = max([worst] + [r[k] for r in doc["ranks"] for k in BUDGETED])
+    return worst
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("n", [3, 5])
+def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
+    assert worst_over_seeds(tmp_path, n, range(3), "float32") <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", range(1, 9))
+def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n, dtype):
+    """The issue's bar (41): NP 1-8, 20 seeds each, both dtypes (minutes per NP on 2 cores)."""
+    assert worst_over_seeds(tmp_path, n, range(20), dtype) <= 1
 
 
 # ---- small helpers ----------------------------------------------------------------------------------

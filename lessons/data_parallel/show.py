@@ -2,7 +2,7 @@
 tables, and what the overlap figures show on the transport that ran.
 
     heading1(ctx, args, momentum), heading2(ctx, args, params)   each part's heading, before its work
-    part1(ctx, args, rows, nudge, tol)        every rank's differences; the averaging facts, with numbers
+    part1(ctx, args, rows, nudge)             every rank's differences, the budget; the averaging facts
     parts23(ctx, s, errs, ddp_steps)          buckets, DDP's own buckets, the overlap table
     where_it_runs(ctx, s)                     the sentences under the overlap table
 """
@@ -73,22 +73,27 @@ def where_it_runs(ctx, s):
     return lines
 
 
-def part1(ctx, args, rows, nudge, tol):
-    """Rank 0 prints part 1: every rank's differences, then the two averaging facts with numbers."""
+def part1(ctx, args, rows, nudge):
+    """Rank 0 prints part 1: every rank's differences and their budget, then the two averaging facts."""
     if ctx.rank != 0:
         return
     n, d = ctx.world_size, rows[0]
-    print(report.table(["rank", "shard", "max|a-b|", "max|a-c|", "max|c-b|", "vs rank 0"],
-                       [(r, x["shard"], x["a_vs_b"], x["a_vs_c"], x["c_vs_b"], x["vs_rank0"])
+    print(report.table(["rank", "shard", "max|a-b|", "max|a-c|", "max|c-b|", "worst/budget", "vs rank 0"],
+                       [(r, x["shard"], x["a_vs_b"], x["a_vs_c"], x["c_vs_b"],
+                         f"{max(x['a_vs_b_ratio'], x['a_vs_c_ratio'], x['c_vs_b_ratio']):.2g}", x["vs_rank0"])
                         for r, x in enumerate(rows)]))
     before, after = max(x["ddp_init_before"] for x in rows), max(x["ddp_init_after"] for x in rows)
     print(f"(c) started from weights moved by {nudge}*rank: largest difference from rank 0's {before:.3g} before "
           f"DDP(...),\n  {after:.3g} after: DDP broadcasts rank 0's parameters (and buffers) when it is built")
-    print(f"tolerance {tol:g} ({args.dtype}): the ranks' partial sums are added in the "
-          f"all-reduce's order,\n  not the single process's\n"
-          f"step-0 gradient vs the full batch's, max abs difference on rank 0:\n"
-          f"  local loss = sum / B, all-reduce SUM (the exact rule):       {d['exact_grad_err']:.3g}\n"
-          f"  local loss = my mean, all-reduce, / N (mean of the means):  {d['mom_grad_err']:.3g}"
+    print(text.wrapped(f"budget (common/tolerance.py, {args.dtype}): each gradient is one sum of B = {args.batch} "
+                       f"per-sample terms added in its own order, k = B + 2 roundings on a term's path, so "
+                       f"2 gamma_k * sum|g_i| / B per element, carried through SGD's updates (largest "
+                       f"{d['budget_max']:.2g}); worst/budget: the largest |difference| / budget", hang=0))
+    print(f"step-0 gradient vs the full batch's on rank 0, max abs difference (worst/budget):\n"
+          f"  local loss = sum / B, all-reduce SUM (the exact rule):      "
+          f"{d['exact_grad_err']:.3g} ({d['exact_grad_ratio']:.2g})\n"
+          f"  local loss = my mean, all-reduce, / N (mean of the means): "
+          f"{d['mom_grad_err']:.3g} ({d['mom_grad_ratio']:.2g})"
           f"\n  shards {[x['shard'] for x in rows] if n <= 8 else '...'}: "
           f"{'uneven, so wrong' if args.batch % n else 'equal, so right here'}\n"
           f"DDP divides the summed gradients by N: with local loss sum / B its gradient is "
@@ -101,10 +106,10 @@ def parts23(ctx, s, errs, ddp_steps):
     """Rank 0 prints parts 2 and 3 (`s`: their summary, `errs`: every rank's checked differences)."""
     if ctx.rank != 0:
         return
-    print(report.table(["all-reduce", "calls/step", "time us", "rel diff"],
+    print(report.table(["all-reduce", "calls/step", "time us", "diff/budget"],
                        [("one per tensor", s["calls_per_param"], round(s["time_us_per_param"], 1), "reference"),
                         ("one per bucket", s["calls_bucketed"], round(s["time_us_bucketed"], 1),
-                         max(e["bucket_err"] for e in errs))], align=[False, True, True, True]))
+                         f'{max(e["bucket_ratio"] for e in errs):.2g}')], align=[False, True, True, True]))
     shown = s["bucket_bytes"] if len(s["bucket_bytes"]) <= 8 else f"{s['bucket_bytes'][:8]} ..."
     print(text.wrapped(f"bucket bytes {shown} (the first starts at tensor {s['first_bucket_head']}, the last "
                        f"layer's); per-tensor / bucketed time = "
@@ -129,8 +134,9 @@ def parts23(ctx, s, errs, ddp_steps):
         ("backward only (compute)", round(tc, 1), ""), ("bucketed all-reduce only (comm)", round(tm, 1), ""),
         ("backward, then all-reduce", round(ta, 1), f"{s['overlap_after']:+.2f}"),
         ("all-reduce from hooks (async)", round(th, 1), f"{s['overlap_hooks']:+.2f}")], align=[False, True, True]))
-    worst = max(e["overlap_err"] for e in errs)
-    print(f"overlapped grads vs after-backward grads: max|diff| / max|grad| = {worst:.3g}\n"
+    worst = max(e["overlap_ratio"] for e in errs)
+    print(f"overlapped grads vs after-backward grads: worst |diff| / budget = {worst:.2g}\n"
+          f"(budget: two all-reduces of N = {ctx.world_size} gradients, 2 gamma_(N-1) * sum over ranks |g_r|)\n"
           f"overlap = (comm + compute - time) / min(comm, compute): 0 none, 1 all hidden; 'backward, then\n"
           f"all-reduce' cannot overlap, so its figure (ideally 0) is how far the parts fail to add up here")
     for line in where_it_runs(ctx, s):
