@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, collectives, counting, p2p, report, shards, timing  # noqa: E402
-from lessons.reduce_scatter_alltoall import show  # noqa: E402
+from common import tolerance  # noqa: E402
+from lessons.reduce_scatter_alltoall import budget, show  # noqa: E402
 
 five = bootstrap.lesson_module("05")  # ring_allreduce, inplace_add: the ring this lesson cuts in half
 
@@ -45,7 +46,7 @@ SKEW = 1000               # --skew: rank r's block holds r*SKEW items
 UNIT = 1000               # all-to-all: rank r sends j*UNIT items to rank j
 AR_COUNT = 1 << 16        # section 3's all-reduce buffer (items)
 TOKENS, DMODEL = 512, 16  # section 5: tokens per rank, features per token (float64)
-MOE_SEED = 90             # router and experts
+MOE_SEED = 90             # router, experts and tokens (--seed)
 MOE_SHIFT = 0.5           # the tokens' shared offset: the router favours some experts
 RACE = dict(begin="4K", end="1M", mult=256, iters=3, warmup=1)     # default run: two sizes
 BENCH = dict(begin="8", end="128M", mult=2, iters=20, warmup=5)    # --bench: nccl-tests' defaults
@@ -248,16 +249,16 @@ def race(ctx, args, be, library, pick, sweep):
 
 
 # ---------------------------------------------------------------- section 5: mixture of experts
-def moe_weights(n, d):
+def moe_weights(n, d, seed=MOE_SEED):
     """The router (d x N: one logit per expert) and N experts (d x d each); expert e lives on rank e."""
-    router = np.random.default_rng(MOE_SEED).standard_normal((d, n))
-    experts = [np.random.default_rng(MOE_SEED + 1 + e).standard_normal((d, d)) / np.sqrt(d) for e in range(n)]
+    router = np.random.default_rng(seed).standard_normal((d, n))
+    experts = [np.random.default_rng(seed + 1 + e).standard_normal((d, d)) / np.sqrt(d) for e in range(n)]
     return router, experts
 
 
-def moe_tokens(rank, count, d):
+def moe_tokens(rank, count, d, seed=MOE_SEED):
     """Rank r's tokens; the shared offset tilts the router towards some experts, as real ones drift."""
-    return np.random.default_rng(SEED + 100 + rank).standard_normal((count, d)) + MOE_SHIFT
+    return np.random.default_rng(seed + SEED + 10 + rank).standard_normal((count, d)) + MOE_SHIFT
 
 
 def route(x, router):
@@ -272,10 +273,10 @@ def expert_apply(w, x):
     return np.tanh(x @ w)
 
 
-def moe_one_process(n, count, d):
+def moe_one_process(n, count, d, seed=MOE_SEED):
     """The whole layer in one process, on every rank's tokens: the reference."""
-    router, experts = moe_weights(n, d)
-    x = np.concatenate([moe_tokens(r, count, d) for r in range(n)])
+    router, experts = moe_weights(n, d, seed)
+    x = np.concatenate([moe_tokens(r, count, d, seed) for r in range(n)])
     expert, gate = route(x, router)
     y = np.empty_like(x)
     for e, w in enumerate(experts):
@@ -316,10 +317,14 @@ def moe_layer(ctx, be, x, router, w_mine, d):
 
 def moe(ctx, args, be):
     n, rank, d = ctx.world_size, ctx.rank, DMODEL
-    router, experts = moe_weights(n, d)
-    y, sent, got = moe_layer(ctx, be, moe_tokens(rank, args.tokens, d), router, experts[rank], d)
-    want = moe_one_process(n, args.tokens, d)[rank * args.tokens:(rank + 1) * args.tokens]
-    return {"moe_err": float(np.abs(y - want).max()) if y.size else 0.0, "tokens_in": int(got.sum()),
+    router, experts = moe_weights(n, d, args.seed)
+    x = moe_tokens(rank, args.tokens, d, args.seed)
+    y, sent, got = moe_layer(ctx, be, x, router, experts[rank], d)
+    want = moe_one_process(n, args.tokens, d, args.seed)[rank * args.tokens:(rank + 1) * args.tokens]
+    bound = budget.moe_entries(x, router, experts, *route(x, router))  # the oracle's, per entry
+    return {"moe_err": float(np.abs(y - want).max()) if y.size else 0.0,
+            "moe_ratio": tolerance.worst_ratio(y - want, bound), "moe_budget": float(bound.max(initial=0)),
+            "tokens_in": int(got.sum()),
             "kept": int(sent[rank]), "count_rounds": seen(be, "moe counts")["calls"],
             "count_bytes": seen(be, "moe counts")["bytes"], "token_bytes": seen(be, "moe tokens")["bytes"],
             "result_bytes": seen(be, "moe results")["bytes"]}
@@ -345,6 +350,7 @@ def flags():
     parser.add_argument("--tokens", type=bootstrap.nonneg_int, default=TOKENS,
                         help=f"mixture of experts: tokens per rank (default {TOKENS})")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--seed", type=int, default=MOE_SEED, help=f"mixture of experts' seed (default {MOE_SEED})")
     bandwidth.add_sweep_flags(parser, BENCH)
     parser.add_argument("--no-race", action="store_true", help="skip the timed sections 3 and 4's race")
     return parser

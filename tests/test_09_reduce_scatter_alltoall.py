@@ -1,6 +1,7 @@
 """Lesson 09's hand-made collectives as pure functions: N ranks as N threads on an in-process wire, so
 every NP from 1 to 6 and every layout (uneven, empty, skewed blocks) runs in milliseconds, no MPI.
 Bytes and rounds are read from common/counting.py, as the lesson's YAML checks read them."""
+import json
 import queue
 import threading
 import types
@@ -8,8 +9,9 @@ import types
 import numpy as np
 import pytest
 
-from common import bootstrap, collectives, counting
-from lessons.reduce_scatter_alltoall import show
+from common import bootstrap, collectives, counting, tolerance
+from conftest import tutor
+from lessons.reduce_scatter_alltoall import budget, show
 
 nine = bootstrap.lesson_module("09")
 
@@ -119,6 +121,54 @@ def test_the_mixture_of_experts_equals_one_process(n):
     sent = np.array([s for _, s, _ in out])
     assert all((got == sent[:, r]).all() for r, (_, _, got) in enumerate(out))  # counts went first
     assert sent.sum() == 40 * n
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_moe_budget_holds_another_order_and_not_a_token_out_of_place(seed):
+    """The layer in float32 products summed in float64 one term at a time (another order, and coarser
+    products than the budget's float64: so scaled to float32's u here by hand) stays inside; the layer
+    itself against a reversed-feature evaluation in float64 stays inside; a token's output swapped with
+    its neighbour's lands far outside."""
+    n, d = 4, nine.DMODEL
+    router, experts = nine.moe_weights(n, d, seed)
+    x = nine.moe_tokens(1, 200, d, seed)
+    expert, gate = nine.route(x, router)
+    want = nine.moe_one_process(n, 200, d, seed)[200:400]
+    y = np.empty_like(x)
+    for e, w in enumerate(experts):
+        rows = expert == e
+        s = sum(x[rows][:, i, None] * w[None, i] for i in reversed(range(d)))  # one product at a time, reversed
+        y[rows] = np.tanh(s)
+    y *= gate[:, None]
+    bound = budget.moe_entries(x, router, experts, expert, gate)
+    assert tolerance.worst_ratio(y - want, bound) <= 1
+    assert tolerance.worst_ratio(y[::-1] - want, bound) > 1e6
+
+
+@pytest.mark.slow  # 6 real runs: ~60 s of CPU on 2 cores, over make test's share
+@pytest.mark.parametrize("n", [3, 5])
+def test_correct_runs_stay_inside_the_moe_budget_for_3_seeds(tmp_path, n):
+    """Real runs, section 5 only in effect (small buffers, no race): every check passes, the budget's too."""
+    for seed in range(3):
+        out = tmp_path / f"r{seed}.json"
+        done = tutor("run", "09", "-n", str(n), "--json", str(out), "--", "--no-race", "--counts", "1",
+                     "--skew", "0", "--unit", "1", "--tokens", "64", "--seed", str(seed), timeout=120)
+        doc = json.loads(out.read_text())
+        assert done.returncode == 0 and doc["status"] == "pass", done.stdout[-2000:] + done.stderr
+        assert max(r["moe"]["moe_ratio"] for r in doc["ranks"]) <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("n", range(1, 9))
+def test_correct_runs_stay_inside_the_moe_budget_for_20_seeds(tmp_path, n):
+    """The issue's bar (41): NP 1-8, 20 seeds each, the default sizes but the race."""
+    for seed in range(20):
+        out = tmp_path / f"r{seed}.json"
+        done = tutor("run", "09", "-n", str(n), "--json", str(out), "--", "--no-race", "--seed", str(seed),
+                     timeout=300)
+        doc = json.loads(out.read_text())
+        assert done.returncode == 0 and doc["status"] == "pass", done.stdout[-2000:] + done.stderr
 
 
 def test_written_counts_what_this_process_writes(tmp_path):

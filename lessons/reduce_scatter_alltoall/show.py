@@ -114,14 +114,16 @@ def moe(ctx, mine, tokens, dmodel):
     n = ctx.world_size
     loads = [m["tokens_in"] for m in every]
     print(f"{tokens} tokens of {dmodel} features (float64) per rank; top-1 router; expert e on rank e")
-    print(report.table(["rank", "tokens its expert got", "load", "kept", "sent away", "bytes out",
-                        "bytes back", "max |err|"],
-                       [[r, m["tokens_in"], "#" * round(20 * m["tokens_in"] / max(max(loads), 1)), m["kept"],
-                         tokens - m["kept"], m["token_bytes"], m["result_bytes"], m["moe_err"]]
-                        for r, m in enumerate(every)], align=[1, 1, 0, 1, 1, 1, 1, 1]))
+    print(report.table(["rank", "its expert got", "load", "kept", "sent away", "bytes out",
+                        "bytes back", "max |err|", "err/budget"],
+                       [[r, m["tokens_in"], "#" * round(15 * m["tokens_in"] / max(max(loads), 1)), m["kept"],
+                         tokens - m["kept"], m["token_bytes"], m["result_bytes"], f'{m["moe_err"]:.3g}',
+                         f'{m["moe_ratio"]:.2g}'] for r, m in enumerate(every)], align=[1, 1, 0, 1, 1, 1, 1, 1, 1]))
     busiest = max(loads) / (sum(loads) / n) if sum(loads) else 0.0
-    print(f"max |err|: against one process running the whole layer. The busiest expert got {busiest:.2f}x "
-          "the mean")
+    print(text.wrapped(f"max |err|: against one process running the whole layer; err/budget: the worst entry's "
+                       f"|err| over its budget (lessons/reduce_scatter_alltoall/budget.py: two orders of "
+                       f"each length-{dmodel} dot product, 2 gamma_{dmodel} * (|x| @ |W|), through tanh and the "
+                       f"gate). The busiest expert got {busiest:.2f}x the mean", hang=0))
     if busiest > 1.2:
         print("  load: its rank computes longest and receives most, and every rank waits for it at the\n"
               "  results all-to-all; real MoE layers cap it (a capacity factor) or train the router to spread")
