@@ -72,9 +72,9 @@ def layer_items(fan_in, fan_out):
     return (fan_in + 1) * fan_out  # weight (fan_in x fan_out), then bias (fan_out)
 
 
-def init_flats(sizes, dtype):
+def init_flats(sizes, dtype, seed=SEED):
     """Each layer's parameters as one flat NumPy vector: weight row by row, then bias. Seeded."""
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(seed)
     flats = []
     for fan_in, fan_out in layer_dims(sizes):
         w = rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)
@@ -83,8 +83,8 @@ def init_flats(sizes, dtype):
     return flats
 
 
-def make_data(sizes, batch, dtype):
-    rng = np.random.default_rng(SEED + 1)
+def make_data(sizes, batch, dtype, seed=SEED):
+    rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((batch, sizes[0]))
     t = np.tanh(x @ rng.standard_normal((sizes[0], sizes[-1])))
     return x.astype(dtype), t.astype(dtype)

@@ -34,8 +34,8 @@ import weakref
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, buffers, counting, p2p, report, shards, timing  # noqa: E402
-from lessons.pipeline_parallel import show, torch_pipelining  # noqa: E402
+from common import bootstrap, buffers, counting, p2p, report, shards, timing, tolerance  # noqa: E402
+from lessons.pipeline_parallel import budget, show, torch_pipelining  # noqa: E402
 from lessons.pipeline_parallel.schedules import ScheduleError, plan  # noqa: E402
 
 # lesson 10's seeded MLP: layer_dims, init_flats, make_data, forward_layer, backward_layer, loss_grad;
@@ -47,7 +47,7 @@ HIDDEN = 32               # every other width: what an activation message carrie
 LAYERS = 7                # 7 % 3 == 1, 7 % 4 == 3: uneven stages at NP 3 and 4
 BATCH = 30                # rows in the batch
 MICRO = 8                 # micro-batches: 30 % 8 == 6, so they are uneven (4 and 3 rows)
-TOL = {"float64": 1e-12, "float32": 1e-5}  # max |difference| from one process: sums in another order
+DTYPES = ("float32", "float64")  # graded against common/tolerance.py's budget (lessons/pipeline_parallel/budget.py)
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -242,7 +242,7 @@ def run_schedule(ctx, stage, name, pl, x, t, micro, asked, args, ref, comm):
     loss = ctx.comm.bcast(loss, root=ctx.world_size - 1)  # plain MPI, uncounted: for checking only
     comm[name] = be.counts
     return {"schedule": name, "micro": asked, "loss": loss, "loss_err": abs(loss - ref[0]),
-            "grad_err": max_diff(grads, ref[1]),
+            "grad_err": max_diff(grads, ref[1]), **ratios(loss, grads, ref),
             "ticks": seen["ticks"], "ran": seen["ran"], "bubble": 1 - seen["ran"] / seen["ticks"],
             "peak": seen["held"].peak, "peak_bytes": seen["held"].peak_bytes,
             "busy_s": seen["busy"], "waited_s": seen["waited"], "wall_s": seen["total"],
@@ -262,8 +262,8 @@ def run_all(ctx, stage, plans, x, t, micro, args, ref, layers):
         cut, asked = (shards.chunk_bounds(args.batch, few), few) if few else (micro, args.micro)
         runs.append(run_schedule(ctx, stage, name, pl, x, t, cut, asked, args, ref, comm))
     lo, hi = layers
-    mine = (ctx.rank, f"{lo}-{hi - 1}" if hi - lo > 1 else str(lo), {r["schedule"]: r["loss_err"] for r in runs},
-            {r["schedule"]: r["grad_err"] for r in runs}, {r["schedule"]: r for r in runs})
+    mine = (ctx.rank, f"{lo}-{hi - 1}" if hi - lo > 1 else str(lo), {r["schedule"]: r["loss_ratio"] for r in runs},
+            {r["schedule"]: r["grad_ratio"] for r in runs}, {r["schedule"]: r for r in runs})
     return runs, comm, ctx.comm.gather(mine, root=0)
 
 
@@ -285,20 +285,29 @@ def max_diff(mine, ref):
     return max([float(np.abs(buffers.to_host(g) - ref[k]).max()) for k, g in mine.items()] + [0.0])
 
 
+def ratios(loss, grads, ref):
+    """|difference| / the oracle's budget (lessons/pipeline_parallel/budget.py): the loss, and the worst
+    entry of my layers' gradients. ref: (loss, grads, loss budget, grad budgets)."""
+    return {"loss_ratio": tolerance.worst_ratio(loss - ref[0], ref[2]),
+            "grad_ratio": max([tolerance.worst_ratio(buffers.to_host(g) - ref[1][k], ref[3][k])
+                               for k, g in grads.items()] + [0.0])}
+
+
 def torch_section(ctx, stage, dims, flats, host, x, t, m, batch):
     """6. torch.distributed.pipelining on the same stages, from the same weights, against one process.
     Its stages size their receive buffers from the first micro-batch, so every micro-batch must have as
     many rows: it gets the largest part of the batch m divides, and its own one-process reference."""
     report.section(ctx, "6. torch.distributed.pipelining: the same stages, ScheduleGPipe and Schedule1F1B")
     n, rows = ctx.world_size, m * (batch // m)
-    ref_loss, ref_grads = one_process(dims, flats, host[0][:rows], host[1][:rows], rows)
+    ref = (*one_process(dims, flats, host[0][:rows], host[1][:rows], rows),
+           *budget.bounds(dims, flats, host[0][:rows], host[1][:rows], rows, str(flats[0].dtype)))
     names = [name for name in SCHEDULES if name == "gpipe" or m >= n]  # torch's 1F1B refuses m < p
     got = []
     for name in names:
         loss, grads = torch_pipelining.run(ctx, stage, name, x[:rows], t[:rows], m, rows, ten.unflatten)
         loss = ctx.comm.bcast(loss, root=n - 1)  # plain MPI, uncounted: for checking only
-        got.append({"schedule": name, "torch_vs_ref": max(abs(loss - ref_loss), max_diff(grads, ref_grads))})
-    every = ctx.comm.gather((ctx.rank, *(g["torch_vs_ref"] for g in got)), root=0)
+        got.append({"schedule": name, "torch_vs_ref": max(ratios(loss, grads, ref).values())})
+    every = ctx.comm.gather((ctx.rank, *(f"{g['torch_vs_ref']:.2g}" for g in got)), root=0)
     if ctx.rank == 0:
         show.torch(ctx, report.once(every), names, m, rows, batch)
     return got
@@ -315,7 +324,8 @@ def flags():
                         help=f"rows in the batch (default {BATCH})")
     parser.add_argument("--micro", type=bootstrap.positive(int), default=MICRO,
                         help=f"micro-batches, at most --batch (default {MICRO})")
-    parser.add_argument("--dtype", choices=sorted(TOL), default="float64")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64")
+    parser.add_argument("--seed", type=int, default=ten.SEED, help=f"weights and data's seed (default {ten.SEED})")
     parser.add_argument("--grid", action="store_true", help="print the grids even when they are wide")
     return parser
 
@@ -328,13 +338,14 @@ def main():
     if m > args.batch:
         ctx.fail(f"--micro {m} is more than --batch {args.batch}: a micro-batch needs a row")
     sizes = [IN_WIDTH] + [args.hidden] * (args.layers - 1) + [OUT_WIDTH]
-    dims, flats = ten.layer_dims(sizes), ten.init_flats(sizes, dtype)  # lesson 10's seeded MLP
-    host = ten.make_data(sizes, args.batch, dtype)                     # the batch (x, t), on the host
+    dims, flats = ten.layer_dims(sizes), ten.init_flats(sizes, dtype, args.seed)  # lesson 10's seeded MLP
+    host = ten.make_data(sizes, args.batch, dtype, args.seed)                    # the batch (x, t), on the host
     x, t = (buffers.on_device(ctx, a) for a in host)
     split = shards.chunk_bounds(args.layers, n)    # stage s holds layers split[s]
     micro = shards.chunk_bounds(args.batch, m)     # micro-batch i is rows micro[i]
     plans = plans_for(n, m)                                            # every send meets its receive
-    ref = one_process(dims, flats, *host, args.batch)                  # (loss, grads): the reference
+    ref = (*one_process(dims, flats, *host, args.batch),              # (loss, grads): the reference,
+           *budget.bounds(dims, flats, *host, args.batch, args.dtype))  # and the oracle's budgets
     stage = Stage(ctx, buffers.array_module(ctx), dims, flats, split[rank])  # my layers, on my device
 
     report.section(ctx, f"1. the pipeline: {args.layers} layers on {n} stage(s), batch {args.batch} in "
@@ -347,7 +358,7 @@ def main():
     runs, comm, every = run_all(ctx, stage, plans, x, t, micro, args, ref, split[rank])  # walk each grid
     report.section(ctx, "3. the loss and every layer's gradient, against one process")
     if rank == 0:
-        show.equal(ctx, every, ref[0], TOL[args.dtype], args.dtype)
+        show.equal(ctx, every, ref[0], args.dtype)
     report.section(ctx, "4. the bubble: idle ticks in the run (graded), idle wall-clock time (reported)")
     if rank == 0:
         show.bubble(ctx, every, (n - 1) / (m + n - 1))
@@ -356,7 +367,7 @@ def main():
         show.cost(ctx, every, m, dtype.itemsize, args)                 # and 1F1B's at m = p - 2
     torch_runs = torch_section(ctx, stage, dims, flats, host, x, t, m, args.batch) if ctx.api == "torch" else []
     params = {"layers": args.layers, "hidden": args.hidden, "batch": args.batch, "micro": args.micro,
-              "dtype": args.dtype, "itemsize": dtype.itemsize, "tol": TOL[args.dtype]}
+              "dtype": args.dtype, "itemsize": dtype.itemsize}
     report.finish(ctx, {"first_layer": split[rank][0], "stage_layers": split[rank][1] - split[rank][0],
                         "runs": runs, "torch": torch_runs, "comm": comm}, params=params)
 

@@ -2,9 +2,14 @@
 bubble and peak memory against the closed forms, their messages, and the checks that stop a broken
 order before anything runs (lessons/pipeline_parallel/schedules.py). The runs are in test_lessons.py, the wrong
 answers in tests/wrong_answers/12_pipeline_parallel.yaml."""
+import json
+
+import numpy as np
 import pytest
 
-from conftest import load_lesson
+from common import shards, tolerance
+from conftest import load_lesson, tutor
+from lessons.pipeline_parallel import budget
 from lessons.pipeline_parallel import schedules as ps
 from lessons.pipeline_parallel import show
 
@@ -199,3 +204,63 @@ def test_the_wall_clock_reasons_rest_on_what_was_measured(op_us, msgs, says, not
     text = capsys.readouterr().out
     assert says in text and not_said not in text, text
     assert all(len(line) <= 100 for line in text.splitlines()), text
+
+
+# ---- the oracle's budget (lessons/pipeline_parallel/budget.py) --------------------------------------
+
+def micro_batched(dims, flats, x, t, batch, m, scale=1.0):
+    """The loss and gradients summed micro-batch by micro-batch, one process (the stages' arithmetic)."""
+    ten, last = twelve.ten, len(dims) - 1
+    loss, grads = 0.0, [np.zeros_like(f) for f in flats]
+    for lo, hi in shards.chunk_bounds(batch, m):
+        acts = [x[lo:hi]]
+        for k, (fi, fo) in enumerate(dims):
+            acts.append(ten.forward_layer(np, acts[-1], flats[k], fi, fo, k == last))
+        part, gy = twelve.micro_loss(acts[-1], t[lo:hi], batch)
+        loss, gy = loss + part, gy * scale
+        for k in reversed(range(len(dims))):
+            g = np.zeros_like(flats[k])
+            gy = ten.backward_layer(acts[k], acts[k + 1], gy, flats[k], g, *dims[k], k == last)
+            grads[k] += g
+    return float(loss), grads
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("seed", range(5))
+def test_micro_batches_stay_inside_the_budget_and_a_wrong_scale_does_not(dtype, seed):
+    ten, batch = twelve.ten, 30
+    sizes = [twelve.IN_WIDTH] + [twelve.HIDDEN] * 6 + [twelve.OUT_WIDTH]
+    dims, flats = ten.layer_dims(sizes), ten.init_flats(sizes, np.dtype(dtype), seed)
+    x, t = ten.make_data(sizes, batch, np.dtype(dtype), seed)
+    ref_loss, ref_grads = twelve.one_process(dims, flats, x, t, batch)
+    loss_b, grad_b = budget.bounds(dims, flats, x, t, batch, dtype)
+    for m in (1, 7, 30):
+        loss, grads = micro_batched(dims, flats, x, t, batch, m)
+        assert tolerance.worst_ratio(loss - ref_loss, loss_b) <= 1
+        assert max(tolerance.worst_ratio(g - r, b) for g, r, b in zip(grads, ref_grads, grad_b)) <= 1
+    _, grads = micro_batched(dims, flats, x, t, batch, 7, scale=1 + 1e-3)   # a gradient 0.1% off
+    assert max(tolerance.worst_ratio(g - r, b) for g, r, b in zip(grads, ref_grads, grad_b)) > 1
+
+
+def grade_runs(tmp_path, n, seeds):
+    for seed in seeds:
+        out = tmp_path / f"r{n}-{seed}.json"
+        done = tutor("run", "12", "-n", str(n), "--json", str(out), "--", "--seed", str(seed), "--layers",
+                     str(max(twelve.LAYERS, n)), "--dtype", ("float32", "float64")[seed % 2], timeout=300)
+        doc = json.loads(out.read_text())
+        assert done.returncode == 0 and doc["status"] == "pass", done.stdout[-2000:] + done.stderr
+        assert max(r[k] for rank in doc["ranks"] for r in rank["runs"] for k in ("loss_ratio", "grad_ratio")) <= 1
+
+
+@pytest.mark.slow  # 6 real runs: ~60 s of CPU on 2 cores, over make test's share
+@pytest.mark.parametrize("n", [3, 5])
+def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
+    grade_runs(tmp_path, n, range(3))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("n", range(1, 9))
+def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n):
+    """The issue's bar (41): NP 1-8, 20 seeds each (float32 and float64 in turn)."""
+    grade_runs(tmp_path, n, range(20))

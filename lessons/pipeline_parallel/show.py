@@ -67,16 +67,18 @@ def grids(ctx, plans, m, full):
         print("checked before anything ran: one stage, no messages", flush=True)
 
 
-def equal(ctx, every, ref_loss, tol, dtype):
-    """3. Every rank's loss and gradients against one process's."""
-    rows = [(r, lay) + tuple(x for name in TITLE for x in (loss[name], grad[name]))
+def equal(ctx, every, ref_loss, dtype):
+    """3. Every rank's loss and gradients against one process's, as |difference| / budget."""
+    rows = [(r, lay) + tuple(f"{x[name]:.2g}" for name in TITLE for x in (loss, grad))
             for r, lay, loss, grad, *_ in every]
     print(report.table(["rank", "layers"] + [f"{TITLE[n]} {w}" for n in TITLE for w in
-                                             ("|loss - ref|", "max |grad - ref|")], rows,
+                                             ("loss/budget", "grads/budget")], rows,
                        align=[True, False, True, True, True, True]))
-    print(f"ref: one process, the whole batch through the whole model: loss {ref_loss:.12g}. "
-          f"Tolerance {tol:g}\n({dtype}): a stage sums its gradient micro-batch by micro-batch, one "
-          "process in one product", flush=True)
+    print(text.wrapped(f"ref: one process, the whole batch through the whole model: loss {ref_loss:.12g}. A "
+                       f"stage sums its gradient micro-batch by micro-batch, one process in one product: "
+                       f"|difference| / budget, the worst entry; budget: common/tolerance.py's parity of B "
+                       f"row terms, 2 gamma_k * sum|row terms| ({dtype}, lessons/pipeline_parallel/budget.py)",
+                       hang=0), flush=True)
 
 
 def bubble(ctx, every, formula, cores=None):
@@ -175,7 +177,7 @@ def few(ctx, got):
 def torch(ctx, rows, names, m, used, batch):
     """6. torch.distributed.pipelining against one process. rows: (rank or ranks, max |torch - ref| per
     schedule run), identical rows once; used: the rows of the batch it ran on."""
-    print(report.table(["rank"] + [f"{TITLE[name]}: max |torch - ref|" for name in names], rows,
+    print(report.table(["rank"] + [f"{TITLE[name]}: |torch - ref| / budget" for name in names], rows,
                        align=[True] * 3))
     if len(names) < len(TITLE):
         print(f"Schedule1F1B not run: torch refuses fewer micro-batches ({m}) than stages ({ctx.world_size})")
