@@ -35,8 +35,8 @@ import sys
 import numpy as np  # the runner gives each rank one BLAS thread: threads spin, 4x as long at NP 4 on 2 cores
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, buffers, counting, p2p, report, shards, timing  # noqa: E402
-from lessons.ring_attention import show  # noqa: E402
+from common import bootstrap, buffers, counting, p2p, report, shards, timing, tolerance  # noqa: E402
+from lessons.ring_attention import budget, show  # noqa: E402
 from lessons.ring_attention.order import Order  # noqa: E402
 
 SEED = 13                 # q, k and v of the whole sequence come from this seed, the same on every rank
@@ -44,7 +44,7 @@ SEQ = 1001                # tokens: 1001 % 3, % 4, % 6 and % 8 are not 0: uneven
 DIM = 64                  # head dimension d; scores are q.k / sqrt(d)
 LOGIT_SCALE = 1000.0      # section 4: q times this, so scores reach thousands
 REPS = 3                  # the clock: best of this many
-TOL = {"float64": 1e-12, "float32": 1e-5}   # max |ring - one process|: the same terms in another order
+DTYPES = ("float32", "float64")  # graded against common/tolerance.py's budget (lessons/ring_attention/budget.py)
 
 
 # ---------------------------------------------------------------- the split
@@ -63,8 +63,8 @@ def positions(chunks):
     return np.concatenate([np.arange(lo, hi) for lo, hi in chunks]).astype(np.int64)
 
 
-def make_qkv(seq, dim, dtype):
-    rng = np.random.default_rng(SEED)
+def make_qkv(seq, dim, dtype, seed=SEED):
+    rng = np.random.default_rng(seed)
     return [rng.standard_normal((seq, dim)).astype(dtype) for _ in "qkv"]
 
 
@@ -220,8 +220,11 @@ def run_ring(ctx, xp, be, q, k, v, layout, causal, phase):
     return buffers.to_host(out).copy(), dict(att.work), sent
 
 
-def max_err(got, want):
-    return float(np.abs(got - want).max()) if got.size else 0.0
+def graded(ctx, out, q, k, v, rows, causal):
+    """My rows against one process: the largest |error|, and the worst entry's |error| / its budget."""
+    want = full_attention(q, k, v, rows, causal)
+    return {"err": float(np.abs(out - want).max()) if out.size else 0.0,
+            "ratio": tolerance.worst_ratio(out - want, budget.entries(q, k, v, rows, causal, q.dtype, ctx.world_size))}
 
 
 # ---------------------------------------------------------------- the clock
@@ -291,11 +294,12 @@ def no_mask(ctx, xp, be, raw, q, k, v, layout, args):
     (raw: the uncounted backend). (my results, my output rows, rank 0's part of the summary)"""
     rank = ctx.rank
     out, _, sent = run_ring(ctx, xp, be, q, k, v, layout, False, "no mask")
-    full = {"err": max_err(out, full_attention(q, k, v, positions(layout[rank]), False)), **sent}
-    rows = ctx.comm.gather((rank, full["err"], sent["bytes_sent"], sent["transfers"], sent["peers"]), root=0)
+    full = {**graded(ctx, out, q, k, v, positions(layout[rank]), False), **sent}
+    rows = ctx.comm.gather((rank, full["err"], f"{full['ratio']:.2g}", sent["bytes_sent"], sent["transfers"],
+                            sent["peers"]), root=0)
     orders = ctx.comm.gather(sent["order"], root=0)
     if rank == 0:
-        show.full(ctx, rows, 2 * q.shape[0] * q.shape[1] * q.dtype.itemsize, TOL[args.dtype], args.dtype)
+        show.full(ctx, rows, 2 * q.shape[0] * q.shape[1] * q.dtype.itemsize, args.dtype)
         show.order(orders, ctx.world_size)
     t = clock(ctx, xp, raw, q, k, v, layout, False, args.reps)
     every = ctx.comm.gather({**t, "reps": args.reps}, root=0)
@@ -315,8 +319,8 @@ def causal_splits(ctx, xp, be, raw, q, k, v, layouts, args):
     rank, causal, got, timings, ring_s, outs = ctx.rank, {}, {}, {}, {}, {}
     for split, layout in layouts.items():
         outs[split], work, sent = run_ring(ctx, xp, be, q, k, v, layout, True, f"causal {split}")
-        err = max_err(outs[split], full_attention(q, k, v, positions(layout[rank]), True))
-        causal[split] = {"err": err, **work, **sent}
+        causal[split] = {**graded(ctx, outs[split], q, k, v, positions(layout[rank]), True), **work, **sent}
+        err = f"{causal[split]['ratio']:.2g}"  # the worst entry's |error| / its budget
         tc = clock(ctx, xp, raw, q, k, v, layout, True, args.reps)
         causal[split]["compute_s"] = tc["compute"]
         ring_s[split] = ctx.comm.allreduce(tc["ring"], op=MPI.MAX)  # the slowest rank's
@@ -338,25 +342,27 @@ def large_logits(ctx, xp, be, q, k, v, layout, args):
     dtype, mine = q.dtype, positions(layout[ctx.rank])
     big_q = (q * dtype.type(args.logit_scale)).astype(dtype)
     out, _, _ = run_ring(ctx, xp, be, big_q, k, v, layout, True, "large logits")
-    large = {"err": max_err(out, full_attention(big_q, k, v, mine, True)),
-             "max_logit": logit_range(big_q, k, mine),
+    large = {**graded(ctx, out, big_q, k, v, mine, True), "max_logit": logit_range(big_q, k, mine),
              "naive_nonfinite": int((~np.isfinite(naive_attention(big_q, k, v, mine))).any(axis=1).sum())}
     rows = ctx.comm.gather((ctx.rank, round(large["max_logit"], 1), large["naive_nonfinite"], len(mine),
-                            large["err"]), root=0)
+                            large["err"], f"{large['ratio']:.2g}"), root=0)
     if ctx.rank == 0:
-        show.large(rows, args, TOL[args.dtype])
+        show.large(rows, args)
     return large
 
 
-def against_sdpa(ctx, q, k, v, layouts, outs, tol):
+def against_sdpa(ctx, q, k, v, layouts, outs):
     """5. The no-mask ring's rows (contiguous) and the causal zig-zag's against torch's own attention."""
     report.section(ctx, "5. torch's own scaled_dot_product_attention, whole sequence, one process")
     rank = ctx.rank
-    err = max(max_err(outs["full"], sdpa(q, k, v, positions(layouts["contiguous"][rank]), False)),
-              max_err(outs["zigzag"], sdpa(q, k, v, positions(layouts["zigzag"][rank]), True)))
-    rows = ctx.comm.gather((rank, err), root=0)
+    twice = (str(q.dtype),) * 2  # both in the run's dtype: the ring's budget and sdpa's
+    err = max(tolerance.worst_ratio(outs[split] - sdpa(q, k, v, rows, causal),
+                                    budget.entries(q, k, v, rows, causal, q.dtype, ctx.world_size, twice))
+              for split, causal, rows in (("full", False, positions(layouts["contiguous"][rank])),
+                                          ("zigzag", True, positions(layouts["zigzag"][rank]))))
+    rows = ctx.comm.gather((rank, f"{err:.2g}"), root=0)
     if rank == 0:
-        show.sdpa(rows, tol)
+        show.sdpa(rows)
     return err
 
 
@@ -366,7 +372,8 @@ def flags():
                         help=f"tokens in the sequence (default {SEQ})")
     parser.add_argument("--dim", type=bootstrap.positive(int), default=DIM,
                         help=f"head dimension d (default {DIM})")
-    parser.add_argument("--dtype", choices=sorted(TOL), default="float64")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"q, k and v's seed (default {SEED})")
     parser.add_argument("--logit-scale", type=bootstrap.positive(float), default=LOGIT_SCALE,
                         help=f"section 4: q times this (default {LOGIT_SCALE:g})")
     parser.add_argument("--reps", type=bootstrap.positive(int), default=REPS,
@@ -376,9 +383,9 @@ def flags():
 
 def main():
     args, ctx = bootstrap.start(__file__, flags())
-    n, dtype, tol = ctx.world_size, np.dtype(args.dtype), TOL[args.dtype]
+    n, dtype = ctx.world_size, np.dtype(args.dtype)
     xp = buffers.array_module(ctx)  # numpy, cupy or torch (one thread per rank)
-    q, k, v = make_qkv(args.seq, args.dim, dtype)          # the whole sequence, the same on every rank
+    q, k, v = make_qkv(args.seq, args.dim, dtype, args.seed)         # the whole sequence, the same on every rank
     layouts = layouts_of(args.seq, n)                      # contiguous and zig-zag, every token once
     be = counting.Counted(p2p.backend(ctx), n)  # start: Isend+Irecv / ncclSend+Recv / batch_isend_irecv
     raw = p2p.backend(ctx)                                 # uncounted, for the clock
@@ -397,13 +404,13 @@ def main():
     row = {"full": full, "contiguous": causal["contiguous"], "zigzag": causal["zigzag"], "large": large,
            "comm": be.counts}
     if ctx.api == "torch":                                 # 5. torch's own attention, a second reference
-        row["sdpa_err"] = against_sdpa(ctx, q, k, v, layouts, {"full": out_full, **outs}, tol)
+        row["sdpa_ratio"] = against_sdpa(ctx, q, k, v, layouts, {"full": out_full, **outs})
     summary = {} if ctx.rank else {
         "useful_totals": balance["useful_totals"], "hidden": clocked["hidden"],
         "ring_s": {"no mask": clocked["ring_s"], **balance["ring_s"]}, "compute_s": clocked["compute_s"],
         "transfers_s": clocked["transfers_s"], **balance["balance"]}
-    params = {"seq": args.seq, "dim": args.dim, "dtype": args.dtype, "itemsize": dtype.itemsize, "tol": tol,
-              "tol_large": tol * max(1.0, args.logit_scale), "logit_scale": args.logit_scale, "reps": args.reps}
+    params = {"seq": args.seq, "dim": args.dim, "dtype": args.dtype, "itemsize": dtype.itemsize, "seed": args.seed,
+              "logit_scale": args.logit_scale, "reps": args.reps}
     report.finish(ctx, row, summary=summary, params=params)
 
 

@@ -4,13 +4,15 @@ block (the ring's work without the ring) against one process, with the work the 
 expect. The runs themselves are in test_lessons.py, the wrong answers in
 tests/wrong_answers/13_ring_attention.yaml."""
 import itertools
+import json
 import math
 
 import numpy as np
 import pytest
 
-from common import bootstrap
-from lessons.ring_attention import show
+from common import bootstrap, tolerance
+from conftest import tutor
+from lessons.ring_attention import budget, show
 
 lesson = bootstrap.lesson_module("13")  # importing a lesson starts no MPI
 
@@ -85,6 +87,80 @@ def test_every_block_folded_in_gives_causal_attention_and_the_work_of_the_closed
             assert np.allclose(o / l[:, None], lesson.full_attention(q, k, v, rows, True), atol=1e-13)
         assert work["computed"] == sum((hi - lo) * hi for lo, hi in mine)  # every key up to its last token
         assert work["useful"] == sum(hi * (hi + 1) // 2 - lo * (lo + 1) // 2 for lo, hi in mine)
+
+
+def folded(q, k, v, layout, rank, causal, dtype):
+    """Rank `rank`'s rows by the ring's arithmetic in `dtype` (every block folded in, its own first)."""
+    n, d = len(layout), q.shape[1]
+    q, k, v = (a.astype(dtype) for a in (q, k, v))
+    rows = lesson.positions(layout[rank])
+    state = [np.full(len(rows), -np.inf, dtype), np.zeros(len(rows), dtype), np.zeros((len(rows), d), dtype)]
+    work = {"tiles": 0, "skipped": 0, "computed": 0, "useful": 0}
+    pos = [lesson.positions(c) for c in layout]
+    for step in range(n):
+        src = (rank - step) % n
+        block = np.concatenate([k[pos[src]], v[pos[src]]], axis=1)
+        lesson.attend(np, state, q[rows], block, layout[rank], layout[src], pos[rank], pos[src], causal, work)
+    return rows, state[2] / state[1][:, None]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", range(1, 9))
+def test_the_rings_arithmetic_stays_inside_the_budget_for_20_seeds(n, dtype):
+    """The ring's compute at NP 1-8 (the transfers copy bits: they add no rounding), 20 seeds, both
+    splits, causal or not, scores up to ~1e3: every entry inside budget.entries (the oracle's bound)."""
+    seq, d, worst = 97, 16, 0.0
+    for seed in range(20):
+        q, k, v = lesson.make_qkv(seq, d, np.dtype(dtype), seed)
+        if seed % 4 == 3:
+            q = (q * np.dtype(dtype).type(300)).astype(dtype)  # large logits
+        split, causal = ("contiguous", "zigzag")[seed % 2], seed % 3 != 0
+        layout = lesson.split_chunks(seq, n, split)
+        for rank in range(n):
+            rows, out = folded(q, k, v, layout, rank, causal, dtype)
+            bound = budget.entries(q, k, v, rows, causal, dtype, n)
+            worst = max(worst, tolerance.worst_ratio(out - lesson.full_attention(q, k, v, rows, causal), bound))
+    assert worst <= 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_budget_rejects_a_missing_rescale_and_a_dropped_key(dtype, monkeypatch):
+    """Two wrong answers of the page: o not rescaled when the max grows; one key left out of a row."""
+    q, k, v = lesson.make_qkv(97, 16, np.dtype(dtype), 5)
+    layout = lesson.split_chunks(97, 3, "zigzag")
+    rows, out = folded(q, k, v, layout, 1, True, dtype)
+    bound = budget.entries(q, k, v, rows, True, dtype, 3)
+    want = lesson.full_attention(q, k, v, rows, True)
+    assert tolerance.worst_ratio(out - want, bound) <= 1
+    keep = np.arange(97) != 40                                    # key 40 dropped from every row
+    s = q[rows].astype(np.float64) @ k.T.astype(np.float64) / math.sqrt(16)
+    s = np.where((rows[:, None] >= np.arange(97)[None, :]) & keep[None, :], s, -np.inf)
+    short = softmax_rows(s, v.astype(np.float64))
+    assert tolerance.worst_ratio(short - want, bound) > 10
+
+    def no_rescale(xp, state, rows, s, v):
+        m, l, o = state
+        m_new = xp.maximum(m[rows], xp.amax(s, -1))
+        p = xp.exp(s - m_new[:, None])
+        l[rows] = xp.exp(m[rows] - m_new) * l[rows] + p.sum(-1)
+        o[rows] = o[rows] + p @ v                                 # the wrong answer: o keeps the old max
+        m[rows] = m_new
+    monkeypatch.setattr(lesson, "online_softmax", no_rescale)
+    _, bad = folded(q, k, v, layout, 1, True, dtype)
+    assert tolerance.worst_ratio(bad - want, bound) > 10
+
+
+@pytest.mark.slow  # 6 real runs: ~60 s of CPU on 2 cores, over make test's share
+@pytest.mark.parametrize("n", [3, 5])
+def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
+    """Real runs (small sizes, one timed rep): every check passes, the budget's included."""
+    for seed in range(3):
+        out = tmp_path / f"r{seed}.json"
+        done = tutor("run", "13", "-n", str(n), "--json", str(out), "--", "--seq", "101", "--dim", "16",
+                     "--reps", "1", "--seed", str(seed), "--dtype", ("float32", "float64")[seed % 2], timeout=120)
+        doc = json.loads(out.read_text())
+        assert done.returncode == 0 and doc["status"] == "pass", done.stdout[-2000:] + done.stderr
+        assert max(r[k]["ratio"] for r in doc["ranks"] for k in ("full", "contiguous", "zigzag", "large")) <= 1
 
 
 def test_the_reference_is_one_softmax_of_every_score():

@@ -68,14 +68,18 @@ def split(ctx, layouts):
           "one rank: it holds every block, and computes on it in one step", flush=True)
 
 
-def full(ctx, rows, kv_bytes, tol, dtype):
+def full(ctx, rows, kv_bytes, dtype):
     """2. Every rank's rows against one process, and what it sent."""
     n = ctx.world_size
-    print(report.table(["rank", "max |ring - one process|", "bytes sent", "x K,V bytes", "transfers",
-                        "to"], [(r, e, b, f"{b / kv_bytes:.3f}", t, ",".join(map(str, p)) or "-")
-                               for r, e, b, t, p in rows], align=[True, True, True, True, True, False]))
-    print(f"tolerance {tol:g} ({dtype}): the ring adds the same terms as one process, in another order\n"
-          f"x K,V bytes: of all keys and values ({kv_bytes} B); every block but the one that arrives "
+    print(report.table(["rank", "max |ring - one process|", "err/budget", "bytes sent", "x K,V bytes",
+                        "transfers", "to"], [(r, e, x, b, f"{b / kv_bytes:.3f}", t, ",".join(map(str, p)) or "-")
+                                             for r, e, x, b, t, p in rows], align=[True] * 6 + [False]))
+    print(text.wrapped(f"err/budget: the worst entry's |error| over its budget ({dtype}; common/tolerance.py "
+                       "via lessons/ring_attention/budget.py): the ring adds the same terms as one process in "
+                       "another order, so each weight may be off by its score's dot product (gamma_(d+2)), "
+                       "the rescales and the exps, and each sum by gamma_K, K = keys + 2 x tiles + 2",
+                       hang=0))
+    print(f"x K,V bytes: of all keys and values ({kv_bytes} B); every block but the one that arrives "
           f"last\n  is sent on: (N-1)/N = {(n - 1) / n:.3f} when the blocks are equal", flush=True)
 
 
@@ -105,7 +109,7 @@ def causal(ctx, got, timings):
         out[split] = {"busiest_over_mean": max(comp) / mean if mean else 1.0,
                       "time_busiest_over_mean": max(timings[split]) / (sum(timings[split]) / len(comp))}
         print(f"{'contiguous' if split == 'contiguous' else 'zig-zag'}:")
-        print(report.table(["rank", "max |err|", "q.k computed", "useful", "tiles skipped", "compute ms",
+        print(report.table(["rank", "err/budget", "q.k computed", "useful", "tiles skipped", "compute ms",
                             "computed"],
                            [(r, e, c, u, s, round(t * 1e3, 2), bar(c, max(comp)))
                             for (r, e, c, u, s), t in zip(rows, timings[split])],
@@ -152,18 +156,18 @@ def causal_ring_lines(ctx, t_contig, t_zig, totals, cores, busiest):
     return lines
 
 
-def large(rows, args, tol):
+def large(rows, args):
     """4. Each rank's largest score, the naive softmax's rows that are not finite, the online one's error."""
-    tol_large = tol * max(1.0, args.logit_scale)
     print(report.table(["rank", "largest |score|", "naive: rows not finite", "of rows",
-                        "online: max |err|"], rows, align=[True] * 5))
+                        "online: max |err|", "err/budget"], rows, align=[True] * 6))
     print(f"exp overflows past {OVERFLOW[args.dtype]:.2f} in {args.dtype}: naive exp(s) / sum exp(s) "
-          f"gives inf / inf = nan.\nThe online softmax subtracts the running max first. Tolerance "
-          f"{tol_large:g} = {tol:g} x {max(1.0, args.logit_scale):g}:\na score s is rounded to about eps x |s|, "
-          "and the scores are that much larger", flush=True)
+          f"gives inf / inf = nan.\nThe online softmax subtracts the running max first. The budget grows "
+          f"with the scores:\na score's dot product is rounded to about gamma_(d+2) x |q|.|k|, and the "
+          "scores are that much larger", flush=True)
 
 
-def sdpa(rows, tol):
+def sdpa(rows):
     """5. Every rank's rows against torch's scaled_dot_product_attention on one process."""
-    print(report.table(["rank", "max |ring - sdpa|"], rows, align=[True, True]))
-    print(f"no mask (contiguous) and causal (zig-zag); tolerance {tol:g}", flush=True)
+    print(report.table(["rank", "|ring - sdpa| / budget"], rows, align=[True, True]))
+    print("no mask (contiguous) and causal (zig-zag); the budget: the ring's and sdpa's, both in the run's "
+          "dtype", flush=True)
