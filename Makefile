@@ -132,7 +132,7 @@ mutants: $(SETUP)  ## mutants of a lesson's exercises, graded: make mutants LESS
 lint: $(SETUP)  ## ruff check (ruff.toml) on the kit and its tests
 	$(PY) -m ruff check .
 
-test-nodes: $(SETUP)  ## every lesson on two nodes of 2 ranks (network namespaces, a private bridge; root); Slurm on them
+test-nodes: $(SETUP)  ## every lesson on two nodes of 2 ranks (network namespaces; root), Slurm on them
 	$(PY) -m pytest -q -p no:xdist -m twonode
 
 clean:  ## remove the venv (one make setup made), caches and results; .tutor (progress) stays

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
-from common.runner import catalog, engine, exercise  # noqa: E402
+from common.runner import catalog, engine, exercise, preflight, verdict  # noqa: E402
 
 SWAPS = {ast.FloorDiv: ("//", "%"), ast.Mod: ("%", "//"), ast.Add: ("+", "-"), ast.Sub: ("-", "+")}
 FLIPS = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
@@ -328,8 +328,8 @@ def grade(lesson, source, region, mutant, nps, api, timeout):
             seconds += outcome.seconds
             if outcome.interrupted:
                 raise Stopped(outcome.rc)
-            if not engine.ok(outcome, checks):
-                status = engine.status(outcome, checks)
+            if not verdict.ok(outcome, checks):
+                status = verdict.status(outcome, checks)
                 failed = [c["name"] for c in checks or [] if not c["ok"]]
                 why = ("; ".join(failed) if failed else
                        f"every rank waited {outcome.stuck:.0f} s" if outcome.stuck else
@@ -366,10 +366,10 @@ def _chosen(a, lesson, every):
         raise ValueError(f"--sample {a.sample}: give a number of mutants, 1 or more")
     if a.timeout is not None and not 0 < a.timeout < 3600:
         raise ValueError(f"--timeout {a.timeout:g}: give seconds between 0 and 3600")
-    nps = [engine.parse_np(n, lesson) for n in a.np] if a.np else [max(lesson.meta["np"]["check"])]
-    ceiling = engine.np_ceiling()
+    nps = [preflight.parse_np(n, lesson) for n in a.np] if a.np else [max(lesson.meta["np"]["check"])]
+    ceiling = preflight.np_ceiling()
     for n in nps:
-        engine.validate(lesson, n, a.api, "cpu")
+        preflight.validate(lesson, n, a.api, "cpu")
         if ceiling and n > ceiling:
             raise ValueError(f"--np {n}: more ranks than this machine runs ({ceiling})")
     if a.ids:
@@ -412,7 +412,7 @@ def main(argv=None):
         regions = {r.name: r for r in exercise.find_regions(source, lesson.path)}
         every = mutations(source, list(regions.values()))
         chosen, nps = _chosen(a, lesson, every)
-    except (ValueError, engine.UsageError, exercise.PracticeError) as exc:  # CatalogError is a ValueError
+    except (ValueError, preflight.UsageError, exercise.PracticeError) as exc:  # CatalogError is a ValueError
         print(f"mutants: {exc}", file=sys.stderr)
         return 2
     if not regions:

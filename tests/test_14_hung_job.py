@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from common.runner import catalog, engine
+from common.runner import catalog, engine, verdict
 from conftest import FIXTURES, load_lesson, torch_marks, tutor
 from lessons.hung_job import reading, show
 
@@ -122,9 +122,9 @@ def test_each_planted_fault_is_named(fault, n, api):
     les = lesson()
     outcome, checks = engine.run_lesson(les, n, api, "cpu", ["--fault", fault, "--fault-rank", str(R)],
                                         echo=False, timeout=LIMIT)
-    said = "\n".join(outcome.tail[-15:] + engine.explain(les, outcome, checks))
+    said = "\n".join(outcome.tail[-15:] + verdict.explain(les, outcome, checks))
     where = f"--fault {fault} --fault-rank {R}, np {n}, {api}"
-    assert engine.status(outcome, checks) == "pass", f"{where}: {checks}\n{said}"
+    assert verdict.status(outcome, checks) == "pass", f"{where}: {checks}\n{said}"
     assert outcome.seconds <= LIMIT + 5, f"{where}: took {outcome.seconds:.1f} s"
     graded = {c["name"] for c in checks}
     if fault == "straggler":
@@ -153,8 +153,8 @@ def test_on_the_gpu_double_a_call_is_enqueued_not_completed(fault, field, tmp_pa
     les = lesson()
     outcome, checks = engine.run_lesson(les, 3, "mpi4py", "gpu", ["--fault", fault, "--fault-rank", str(R)],
                                         echo=False, timeout=LIMIT)
-    said = "\n".join(outcome.tail[-15:] + engine.explain(les, outcome, checks))
-    assert engine.status(outcome, checks) == "pass" and outcome.results["device"] == "gpu", said
+    said = "\n".join(outcome.tail[-15:] + verdict.explain(les, outcome, checks))
+    assert verdict.status(outcome, checks) == "pass" and outcome.results["device"] == "gpu", said
     d = outcome.diagnosis  # two faults that hang the double (a count fault may complete with garbage)
     assert d["field"] == field and R in d["ranks"] and d["state"] == "enqueued", d
     assert "enqueued" in said, said
@@ -170,9 +170,9 @@ def test_debug_collectives_stops_at_the_first_mismatch(fault, api):
     les = lesson()
     outcome, checks = engine.run_lesson(les, 3, api, "cpu", ["--fault", fault, "--fault-rank", str(R),
                                                               "--debug-collectives"], echo=False, timeout=LIMIT)
-    said = "\n".join(outcome.tail[-15:] + engine.explain(les, outcome, checks))
+    said = "\n".join(outcome.tail[-15:] + verdict.explain(les, outcome, checks))
     assert any("CollectiveMismatch" in e for e in outcome.errors.values()), said
-    assert not outcome.timed_out and engine.status(outcome, checks) == "pass", said
+    assert not outcome.timed_out and verdict.status(outcome, checks) == "pass", said
     assert "--debug-collectives: world #" in said and outcome.diagnosis["rank"] == R, said
 
 
@@ -276,8 +276,8 @@ def test_at_np_2_a_fault_on_either_rank_is_named(fault, R, api):
     les = lesson()
     outcome, checks = engine.run_lesson(les, 2, api, "cpu", ["--fault", fault, "--fault-rank", str(R)],
                                         echo=False, timeout=LIMIT)
-    said = "\n".join(engine.explain(les, outcome, checks))
-    assert engine.status(outcome, checks) == "pass", f"--fault {fault} --fault-rank {R}, {api}: {checks}\n{said}"
+    said = "\n".join(verdict.explain(les, outcome, checks))
+    assert verdict.status(outcome, checks) == "pass", f"--fault {fault} --fault-rank {R}, {api}: {checks}\n{said}"
     assert (outcome.diagnosis["rank"], outcome.diagnosis["field"]) == (R, fault), said
     assert f"rank {1 - R} skipped" not in said and f"rank {1 - R}'s #" not in said, said
 

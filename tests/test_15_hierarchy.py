@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from common.runner import catalog, engine
+from common.runner import catalog, engine, verdict
 from conftest import ROOT, torch_marks, tutor
 from lessons.hierarchy import model, reference, show
 
@@ -26,8 +26,8 @@ def test_six_ranks_in_pretend_nodes(api, k, placement, capfd):
     outcome, checks = engine.run_lesson(LESSON, 6, api, "cpu", ["--ranks-per-node", str(k), "--placement",
                                                                 placement, *QUICK])
     said = capfd.readouterr()
-    tail = "\n".join((said.out + said.err).splitlines()[-30:] + engine.explain(LESSON, outcome, checks))
-    assert engine.ok(outcome, checks) and checks and all(c["ok"] for c in checks), tail
+    tail = "\n".join((said.out + said.err).splitlines()[-30:] + verdict.explain(LESSON, outcome, checks))
+    assert verdict.ok(outcome, checks) and checks and all(c["ok"] for c in checks), tail
     params = outcome.results["params"]
     assert (params["k"], params["nodes"], params["placement"], params["real"]) == (k, 6 // k, placement, 0)
     assert "== 4. mixture-of-experts dispatch" in said.out, tail

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from common import devices, timing
-from common.runner import doctor, launch
+from common.runner import doctor, launchers
 from conftest import ROOT, TUTOR
 
 
@@ -124,9 +124,9 @@ def double(tmp_path_factory):
 def hello(env, *per_rank, device="gpu"):
     """Lesson 00 at one rank per entry of per_rank: each rank's own extra environment (hydra's MPMD
     form, as srun --gpus-per-task gives each rank its own CUDA_VISIBLE_DEVICES)."""
-    cmd = launch.found()
-    if launch.flavour(cmd[0]) != "hydra":
-        pytest.skip(f"per-rank -env is hydra's (MPICH) form; the launcher here is {launch.identify(cmd[0]).mpi}")
+    cmd = launchers.found()
+    if launchers.flavour(cmd[0]) != "hydra":
+        pytest.skip(f"per-rank -env is hydra's (MPICH) form; the launcher here is {launchers.identify(cmd[0]).mpi}")
     for i, extra in enumerate(per_rank):
         cmd += ([":"] if i else []) + ["-n", "1"] + [a for k, v in extra.items() for a in ("-env", k, v)]
         cmd += [sys.executable, "-m", "mpi4py", HELLO, "--device", device]

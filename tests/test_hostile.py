@@ -409,10 +409,10 @@ def test_a_full_state_folder_is_one_line_and_writes_nothing(tmp_path, command):
 def test_progress_that_cannot_be_saved_is_one_line_for_every_caller(tmp_path, monkeypatch):
     """progress.change raises Unsaved: a PracticeError for hint and practice, an OSError (with its
     strerror) for check --mine, which catches those."""
-    from common.runner import catalog, practice, progress
+    from common.runner import catalog, exercise, progress
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("TUTOR_STATE", str(tmp_path / "file" / "state"))
-    with pytest.raises(practice.PracticeError) as caught:
+    with pytest.raises(exercise.PracticeError) as caught:
         progress.update(catalog.resolve("01", PRACTICE_FIXTURES), state="in progress")
     assert isinstance(caught.value, OSError) and caught.value.strerror, caught.value
     assert "could not save your progress" in str(caught.value) and "\n" not in str(caught.value)

@@ -66,8 +66,8 @@ def test_other_launchers(name, added, monkeypatch):
 def fake_launcher(folder, version, name="mpirun"):
     """A launcher that says `version` and otherwise drops the Open MPI flags and runs the venv's
     real launcher (found as the runner would find it without MPIEXEC)."""
-    real = os.path.join(ROOT, launch.found()[0]) if not os.environ.get("MPIEXEC") else None
-    if real is None or launch.flavour(real) != "hydra":
+    real = os.path.join(ROOT, launchers.found()[0]) if not os.environ.get("MPIEXEC") else None
+    if real is None or launchers.flavour(real) != "hydra":
         pytest.skip("needs hydra (MPICH) as the launcher the runner finds, to stand behind the fake")
     path = folder / name
     path.write_text("#!/bin/sh\n"
@@ -210,7 +210,7 @@ def test_a_session_folder_a_killed_launcher_left_never_stops_a_later_run(tmp_pat
     # one write a rank (print's pieces are writes of their own: two ranks' split and interleaved once)
     probe = ("import os; t, r = os.environ['TMPDIR'], os.environ['TUTOR_RUN_DIR']; "
              "os.write(1, f'tmp-in-run-folder {t.startswith(r + os.sep) and os.path.isdir(t)}\\n'.encode())")
-    cmd = [*launch.mpiexec(2), "-n", "2", launchers.python(), "-c", probe]
+    cmd = [*launchers.mpiexec(2), "-n", "2", launchers.python(), "-c", probe]
     out = launch.run(cmd, timeout=60, echo=False, env={"TMPDIR": str(tmp_path)})
     said = "\n".join(out.tail)
     assert out.rc == 0 and said.count("tmp-in-run-folder True") == 2, said

@@ -19,7 +19,7 @@ import os
 import pytest
 
 from common import devices
-from common.runner import catalog, engine
+from common.runner import catalog, checktable, engine, verdict
 from conftest import ROOT, TORCH_LESSONS, torch_marks, tutor
 
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
@@ -56,12 +56,12 @@ for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
 def run_case(lesson, meta, n, api, device, capfd):
     outcome, checks = engine.run_lesson(lesson, n, api, device, meta.get("args", []))
     said = capfd.readouterr()
-    if meta.get("expects_death") and engine.status(outcome, checks) == "blocked":  # 18's MPI path: ULFM
+    if meta.get("expects_death") and verdict.status(outcome, checks) == "blocked":  # 18's MPI path: ULFM
         pytest.skip(f"{lesson.name} np={n} api={api}: {outcome.blocked}")
     text = said.out + said.err
-    tail = "\n".join(text.splitlines()[-40:] + engine.explain(lesson, outcome, checks))
+    tail = "\n".join(text.splitlines()[-40:] + verdict.explain(lesson, outcome, checks))
     where = f"{lesson.name} np={n} api={api} device={device}"
-    assert engine.ok(outcome, checks), f"{where} failed:\n{tail}"
+    assert verdict.ok(outcome, checks), f"{where} failed:\n{tail}"
     assert all(c["ok"] for c in checks), tail
     assert outcome.diagnosis is None, f"{where}: a false report from the flight records: {outcome.diagnosis}"
     results = outcome.results
@@ -72,7 +72,7 @@ def run_case(lesson, meta, n, api, device, capfd):
         assert loaded <= allowed, f"an mpi4py CPU run of {lesson.name} imported {sorted(loaded - allowed)}"
     bad = unreadable(text, n)
     assert not bad, f"{where} printed output that is hard to read:\n" + "\n".join(bad[:10])
-    assert_whole_names(engine.checks_table(checks), checks)  # what `bin/tutor run` prints after the run
+    assert_whole_names(checktable.checks_table(checks), checks)  # what `bin/tutor run` prints after the run
 
 
 @pytest.mark.parametrize("lesson, meta, n, api", CASES)

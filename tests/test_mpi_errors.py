@@ -11,7 +11,7 @@ import os
 import subprocess
 
 from conftest import ROOT
-from common.runner import launch, verdict
+from common.runner import launch, launchers, verdict
 
 TRUNC = "MPI.Exception: MPI_ERR_TRUNCATE: message truncated"
 OMPI_BANNER = ["--------------------------------------------------------------------------",
@@ -66,7 +66,7 @@ def test_the_rank_writes_its_mpi_error_with_class_and_line(tmp_path):
     script = tmp_path / "truncated.py"
     script.write_text(HOOKED)
     env = {**os.environ, "TUTOR_RUN_DIR": str(tmp_path), "PYTHONPATH": ROOT}
-    run = subprocess.run([launch.python(), str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+    run = subprocess.run([launchers.python(), str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
     assert run.returncode != 0
     line = (tmp_path / "rank0.error").read_text()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from common.runner import catalog, engine, exercise, grading, launch, practice
+from common.runner import catalog, engine, exercise, grading, launch, practice, progress, verdict
 from common.runner.terminal import path_shown
 from conftest import FIXTURES, ROOT, torch_marks, tutor
 
@@ -62,7 +62,7 @@ def test_find_regions_names_lines_and_indent():
      "    # <<< exercise: a\n", "marked twice"),
 ])
 def test_find_regions_rejects_malformed_markers(text, complaint):
-    with pytest.raises(practice.PracticeError, match=complaint):
+    with pytest.raises(exercise.PracticeError, match=complaint):
         exercise.find_regions(text, "x.py")
 
 
@@ -129,7 +129,7 @@ def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, mon
 
 
 def test_a_copy_with_nothing_written_is_refused_before_a_launch():
-    with pytest.raises(practice.PracticeError, match=r"nothing to check yet: .*first \(practice/f.py:4\), "
+    with pytest.raises(exercise.PracticeError, match=r"nothing to check yet: .*first \(practice/f.py:4\), "
                                                      r"second \(practice/f.py:9\).*no run was started"):
         grading.plan(SOURCE, exercise.make_stub(SOURCE, "07"), "practice/f.py", "lessons/f.py", "07")
     both = grading.plan(SOURCE, _written(first=["y = 3", "z = 4"], second=["return 0"]), "p.py", "l.py", "07")
@@ -194,7 +194,7 @@ def test_copy_is_never_overwritten_without_force(sandbox):
     assert [r.name for r in regions] == ["allreduce"] and backup is None
     with open(path, "a") as f:
         f.write("# my work\n")
-    with pytest.raises(practice.PracticeError, match="--force"):
+    with pytest.raises(exercise.PracticeError, match="--force"):
         practice.write_copy(lesson)
     assert open(path).read().endswith("# my work\n")
     path, _, backup = practice.write_copy(lesson, force=True)
@@ -204,16 +204,16 @@ def test_copy_is_never_overwritten_without_force(sandbox):
 
 def test_progress_write_is_atomic(sandbox, monkeypatch):
     lesson = catalog.resolve("01")
-    practice.update(lesson, state="in progress")
-    before = open(practice.progress_path()).read()
+    progress.update(lesson, state="in progress")
+    before = open(progress.progress_path()).read()
 
     def crash(src, dst):
         raise OSError("disk full")
     with monkeypatch.context() as m:
-        m.setattr(practice.os, "replace", crash)
+        m.setattr(os, "replace", crash)  # the rename of common/report.py atomic_write
         with pytest.raises(OSError):
-            practice.update(lesson, state="passed")
-    path = practice.progress_path()
+            progress.update(lesson, state="passed")
+    path = progress.progress_path()
     assert open(path).read() == before  # the old file, whole
     left = set(os.listdir(os.path.dirname(path))) - {os.path.basename(path) + ".lock"}
     assert left == {os.path.basename(path)}  # no temp file left behind
@@ -221,18 +221,18 @@ def test_progress_write_is_atomic(sandbox, monkeypatch):
 
 def test_damaged_progress_is_kept_aside_with_a_warning(sandbox, capsys):
     lesson = catalog.resolve("01")
-    path = practice.progress_path()
+    path = progress.progress_path()
     os.makedirs(os.path.dirname(path))
     for n, damage in enumerate(['{"01_sum": {"state": "passed", "hints": 2', '["not", "a table"]'], 1):
         with open(path, "w") as f:
             f.write(damage)
-        assert practice.load_progress() == {}  # a fresh start, not a crash ...
+        assert progress.load_progress() == {}  # a fresh start, not a crash ...
         warning = capsys.readouterr().err
         aside = path + ".damaged" + ("" if n == 1 else str(n))
         assert "is damaged" in warning and os.path.basename(aside) in warning, warning
         assert open(aside).read() == damage  # ... and the damaged file kept, never overwritten
         assert not os.path.exists(path)
-    practice.update(lesson, state="in progress")  # carries on
+    progress.update(lesson, state="in progress")  # carries on
     assert practice.state(lesson) == "in progress" and capsys.readouterr().err == ""
 
 
@@ -260,7 +260,7 @@ def test_progress_updates_are_atomic_under_a_lock(sandbox, monkeypatch):
     for w in workers:
         w.join(timeout=60)
     assert [w.exitcode for w in workers] == [0] * procs
-    assert practice.load_progress()["01_sum"]["hints"] == procs * each
+    assert progress.load_progress()["01_sum"]["hints"] == procs * each
 
 
 def test_start_over_twice_keeps_every_earlier_copy(sandbox):
@@ -283,7 +283,7 @@ def test_hints_come_one_at_a_time_and_are_remembered(sandbox):
     assert practice.next_hint(lesson) == (["use an all-reduce"], 2)
     assert practice.next_hint(lesson)[0] == ["use an all-reduce", "comm.allreduce(rank + 1, op=MPI.SUM)"]
     assert len(practice.next_hint(lesson)[0]) == 2  # stays at all of them
-    assert json.load(open(practice.progress_path()))["01_sum"]["hints"] == 2
+    assert json.load(open(progress.progress_path()))["01_sum"]["hints"] == 2
 
 
 def test_hints_start_from_the_check_that_failed_and_a_new_failure_starts_again(sandbox, tmp_path, monkeypatch):
@@ -339,7 +339,7 @@ def test_a_pass_counts_only_what_was_graded(sandbox):
 def test_solution_waits_for_a_full_pass(sandbox):
     lesson = catalog.resolve("01")
     assert practice.state(lesson) == "not started"
-    with pytest.raises(practice.PracticeError, match="solve it first"):
+    with pytest.raises(exercise.PracticeError, match="solve it first"):
         practice.solution(lesson)
     assert "op=MPI.SUM" in practice.solution(lesson, force=True)
     yours = grading.Plan("p.py", "l.py", "", mine=["allreduce"])
@@ -355,7 +355,7 @@ def test_unfinished_names_the_exercise_and_where(sandbox):
     path, _, _ = practice.write_copy(lesson)
     out = launch.Outcome(rc=1, seconds=0.1, errors={
         0: f"NotImplementedError: exercise allreduce: not done yet ({path_shown(path)}:13)"})
-    lines = exercise.explain(lesson, out, None, path, engine.explain(lesson, out, None))
+    lines = exercise.explain(lesson, out, None, path, verdict.explain(lesson, out, None))
     assert lines == [f"exercise 'allreduce' is not done yet: replace the TODO and the `raise "
                      f"NotImplementedError` at {path_shown(path)}:12-13 with your code"]
 
@@ -403,7 +403,7 @@ def test_syntax_error_in_the_copy_is_named_with_file_and_line(sandbox):
                                   "value = ctx.comm.allreduce(ctx.rank + 1 op=MPI.SUM)")
     open(path, "w").writelines(lines)
     proc = tutor("check", "01", "--mine", env=env)
-    assert proc.returncode == engine.EXIT["crash"] and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == verdict.EXIT["crash"] and "Traceback" not in proc.stderr, proc.stderr
     said = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(said) == 1 and f"01_sum.py:{at + 1}: SyntaxError: " in said[0], proc.stderr
     assert "ctx.rank + 1 op=MPI.SUM" in said[0]
@@ -447,8 +447,8 @@ def answer_key(lesson, np, stub_path, with_reference=False, only=None):
         outcome, checks = engine.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []),
                                             echo=False, script=script)
         why = exercise.explain(lesson, outcome, checks, script or lesson.path,
-                               engine.explain(lesson, outcome, checks))
-        reasons.append(None if engine.ok(outcome, checks) else "; ".join(why) or f"exit {outcome.rc}")
+                               verdict.explain(lesson, outcome, checks))
+        reasons.append(None if verdict.ok(outcome, checks) else "; ".join(why) or f"exit {outcome.rc}")
     return reasons
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from common import bootstrap, timing
-from common.runner import catalog, engine, launch, preflight
+from common.runner import catalog, launch, launchers, preflight, verdict
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
 # these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
@@ -19,7 +19,7 @@ from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 pytestmark = pytest.mark.xdist_group("fixture_processes")
 
 FIX = {"TUTOR_LESSONS": FIXTURES}
-CEILING = engine.np_ceiling()  # None with MPIEXEC set: a cluster launcher's ranks may go to other nodes
+CEILING = preflight.np_ceiling()  # None with MPIEXEC set: a cluster launcher's ranks may go to other nodes
 needs_ceiling = pytest.mark.skipif(CEILING is None, reason="MPIEXEC is set: no rank ceiling to pass")
 
 
@@ -54,7 +54,7 @@ def one_line_error(proc, *fragments, code=None):
     (["run", "1", "--", "--json", "x.json"], ["runner's --json"]),
 ])
 def test_bad_runner_input(args, fragments):
-    one_line_error(tutor(*args, env={**FIX, "CUDA_VISIBLE_DEVICES": ""}), *fragments, code=engine.EXIT["usage"])
+    one_line_error(tutor(*args, env={**FIX, "CUDA_VISIBLE_DEVICES": ""}), *fragments, code=verdict.EXIT["usage"])
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -67,7 +67,7 @@ def test_what_this_machine_lacks_is_blocked(args, fragments, tmp_path):
     verdict kept in the results JSON like any other."""
     out = tmp_path / "out.json"
     proc = tutor(*args, "--json", str(out), env={**FIX, "CUDA_VISIBLE_DEVICES": ""})
-    one_line_error(proc, *fragments, code=engine.EXIT["blocked"])
+    one_line_error(proc, *fragments, code=verdict.EXIT["blocked"])
     assert "$ " not in proc.stdout, "it launched a run this machine cannot make"
     doc = json.loads(out.read_text())
     assert doc["status"] == "blocked" and doc["ok"] is False and doc["checks"] == [], doc
@@ -78,9 +78,9 @@ def test_a_missing_library_is_blocked(monkeypatch):
     lesson = catalog.resolve("01", FIXTURES)
     real = preflight.importlib.util.find_spec
     monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None if name == "torch" else real(name))
-    with pytest.raises(engine.Blocked, match="cannot import torch .*use --api mpi4py"):
-        engine.needs(lesson, 2, "torch", "cpu")
-    engine.needs(lesson, 2, "mpi4py", "cpu")  # the MPI path needs no torch
+    with pytest.raises(preflight.Blocked, match="cannot import torch .*use --api mpi4py"):
+        preflight.needs(lesson, 2, "torch", "cpu")
+    preflight.needs(lesson, 2, "mpi4py", "cpu")  # the MPI path needs no torch
 
 
 @pytest.mark.parametrize("module", ["mpi4py", "numpy"])
@@ -90,8 +90,8 @@ def test_a_python_without_mpi4py_is_blocked_before_the_launch(monkeypatch, modul
     lesson = catalog.resolve("01", FIXTURES)
     real = preflight.importlib.util.find_spec
     monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None if name == module else real(name))
-    with pytest.raises(engine.Blocked, match=f"cannot import {module}, which every lesson needs: .*pip install"):
-        engine.needs(lesson, 2, "mpi4py", "cpu")
+    with pytest.raises(preflight.Blocked, match=f"cannot import {module}, which every lesson needs: .*pip install"):
+        preflight.needs(lesson, 2, "mpi4py", "cpu")
 
 
 @pytest.fixture
@@ -105,11 +105,11 @@ def fake_gpu(tmp_path):
 
 def test_more_local_ranks_than_gpus(fake_gpu):
     proc = tutor("run", "1", "-n", "2", "--device", "gpu", env={**FIX, **fake_gpu})
-    one_line_error(proc, "blocked: 2 ranks, 1 GPU(s) here", "one GPU per rank", code=engine.EXIT["blocked"])
+    one_line_error(proc, "blocked: 2 ranks, 1 GPU(s) here", "one GPU per rank", code=verdict.EXIT["blocked"])
 
 
 def test_lesson_refuses_gpu_itself_when_launched_by_hand():
-    cmd = [*launch.mpiexec(2), "-n", "2", sys.executable, "-m", "mpi4py",
+    cmd = [*launchers.mpiexec(2), "-n", "2", sys.executable, "-m", "mpi4py",
            os.path.join(FIXTURES, "01_pass.py"), "--device", "gpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
@@ -121,7 +121,7 @@ def test_one_gpu_probe_per_node_not_per_rank(tmp_path):
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\n")
     smi.chmod(0o755)
-    cmd = [*launch.mpiexec(3), "-n", "3", sys.executable, "-m", "mpi4py",
+    cmd = [*launchers.mpiexec(3), "-n", "3", sys.executable, "-m", "mpi4py",
            os.path.join(FIXTURES, "01_pass.py"), "--device", "gpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
@@ -133,7 +133,7 @@ def test_one_gpu_probe_per_node_not_per_rank(tmp_path):
 @pytest.mark.parametrize("count", ["-5", "many"])
 def test_bad_lesson_flag_is_one_line_from_the_lesson(count):
     proc = tutor("run", "1", "-n", "2", "--", "--count", count, env=FIX)
-    assert proc.returncode == engine.EXIT["usage"] and "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == verdict.EXIT["usage"] and "Traceback" not in proc.stdout + proc.stderr
     said = [l for l in proc.stdout.splitlines() if "--count" in l and "expected a whole number" in l]
     assert len(said) == 1, proc.stdout          # once, from rank 0 only, not once per rank
     assert "the lesson refused to run" in proc.stderr
@@ -150,8 +150,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
     one_line_error(tutor("run", "1", env={**FIX, "TUTOR_RUN_ROOT": str(tmp_path / "absent")}),
                    "TUTOR_RUN_ROOT=", "no such folder")
     (tmp_path / "state").write_text("")
-    from common.runner import launch
-    launcher = os.path.join(ROOT, launch.found()[0])  # the real one: MPIEXEC set puts runs/ in the state
+    launcher = os.path.join(ROOT, launchers.found()[0])  # the real one: MPIEXEC set puts runs/ in the state
     one_line_error(tutor("run", "1", env={**FIX, "MPIEXEC": launcher, "TUTOR_STATE": str(tmp_path / "state")}),
                    "runs", "TUTOR_RUN_ROOT")
     assert sorted(os.listdir(tmp_path)) == ["state"]
@@ -184,10 +183,10 @@ def test_yaml_limits_are_checked_on_load(tmp_path, change, line, fragment):
 def test_more_ranks_than_the_ceiling_with_force():
     lesson = catalog.resolve("02", FIXTURES)
     n = CEILING + 1
-    assert engine.parse_np(str(n), lesson) == n
-    with pytest.raises(engine.Blocked, match="--force"):
-        engine.needs(lesson, n, "mpi4py", "cpu")
-    engine.needs(lesson, n, "mpi4py", "cpu", force=True)
+    assert preflight.parse_np(str(n), lesson) == n
+    with pytest.raises(preflight.Blocked, match="--force"):
+        preflight.needs(lesson, n, "mpi4py", "cpu")
+    preflight.needs(lesson, n, "mpi4py", "cpu", force=True)
 
 
 def test_yaml_expression_that_is_not_arithmetic_is_refused(tmp_path):
@@ -245,7 +244,7 @@ def test_open_mpi_gets_oversubscribe(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.5'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("MPIEXEC", str(fake))
-    argv = launch.mpiexec(np=timing.usable_cores() + 1)
+    argv = launchers.mpiexec(np=timing.usable_cores() + 1)
     assert "--oversubscribe" in argv
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
 
@@ -267,7 +266,7 @@ def test_hydra_status_line_is_read_per_rank(line, statuses):
 
 
 def test_open_mpi_names_the_killed_rank_itself():
-    said = engine.killed_rank(launch.Outcome(rc=137, seconds=0.1, pids={0: 10, 1: 11}, tail=[
+    said = verdict.killed_rank(launch.Outcome(rc=137, seconds=0.1, pids={0: 10, 1: 11}, tail=[
         "mpirun noticed that process rank 1 with PID 0 on node", "vm exited on signal 9 (Killed)."]))
     assert said == "rank 1 (pid 11) was killed by signal 9 (SIGKILL); mpirun then ended the other ranks"
 
@@ -287,7 +286,7 @@ def test_the_rank_a_signal_killed_is_told_from_the_statuses(statuses, expected):
     banner = ["=   PID 10 RUNNING AT vm", "=   EXIT CODE: 9",
               "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)"]
     out = launch.Outcome(rc=9, seconds=0.1, tail=banner, pids={0: 10, 1: 11, 2: 12}, statuses=statuses)
-    said = engine.killed_rank(out)
+    said = verdict.killed_rank(out)
     assert said == expected if expected is None else said.startswith(expected), said
 
 

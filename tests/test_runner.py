@@ -8,7 +8,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from common.runner import catalog, engine, launch
+from common.runner import catalog, checktable, engine, launch, verdict
 from conftest import FIXTURES, ROOT, dollar_line, processes_running
 
 # these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
@@ -44,7 +44,7 @@ def test_results_json_of_the_contract(app, fixtures_env, tmp_path):
 def test_wrong_value_fails_the_check(app, fixtures_env, tmp_path):
     out = tmp_path / "out.json"
     result = runner.invoke(app, ["run", "2", "--json", str(out)])
-    assert result.exit_code == engine.EXIT["fail"] == 1
+    assert result.exit_code == verdict.EXIT["fail"] == 1
     assert "✗" in result.output and "rank 1: 2" in result.output and "FAIL" in result.output
     doc = json.loads(out.read_text())
     assert doc["status"] == "fail" and doc["ok"] is False
@@ -62,7 +62,7 @@ def test_lesson_flag_makes_a_passing_lesson_fail(app, fixtures_env):
 def test_crash_on_one_rank_names_it(app, fixtures_env, tmp_path):
     out = tmp_path / "out.json"
     result = runner.invoke(app, ["run", "3", "--json", str(out)])
-    assert result.exit_code == engine.EXIT["crash"] == 3
+    assert result.exit_code == verdict.EXIT["crash"] == 3
     doc = json.loads(out.read_text())
     assert doc["status"] == "crash" and doc["checks"] == [] and doc["why"][0].startswith("rank 1 failed")
     raise_line = line_of("03_crash.py", "raise ValueError")
@@ -89,7 +89,7 @@ def test_rank_killed_by_a_signal_is_named(app, fixtures_env):
 def test_hang_is_ended_at_its_timeout_with_each_rank_located(app, fixtures_env, tmp_path):
     out = tmp_path / "out.json"
     result = runner.invoke(app, ["run", "4", "--timeout", "3", "--json", str(out)])
-    assert result.exit_code == engine.EXIT["timeout"] == 124
+    assert result.exit_code == verdict.EXIT["timeout"] == 124
     assert json.loads(out.read_text())["status"] == "timeout"
     assert "TIMEOUT: 04_hang ran past its 3 s limit" in result.output
     recv, barrier = line_of("04_hang.py", "ctx.comm.Recv("), line_of("04_hang.py", "ctx.comm.Barrier()")
@@ -114,7 +114,7 @@ def test_check_lists_what_this_machine_cannot_run_as_blocked(app, fixtures_env, 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     junit = tmp_path / "junit.xml"
     result = runner.invoke(app, ["check", "1", "--device", "gpu", "--junit", str(junit)])
-    assert result.exit_code == engine.EXIT["blocked"] == 4, result.output
+    assert result.exit_code == verdict.EXIT["blocked"] == 4, result.output
     assert result.output.count("– blocked") == 2 and "0 passed, 0 failed, 2 blocked" in result.output
     xml = junit.read_text()
     assert 'tests="2" failures="0" skipped="2"' in xml, xml
@@ -127,7 +127,7 @@ def assert_fits(output, width=100):
     assert not wide, f"{len(wide)} lines wider than {width}: {wide[0]!r}"
 
 
-@pytest.mark.parametrize("outcome, checks, verdict", [
+@pytest.mark.parametrize("outcome, checks, want", [
     (launch.Outcome(rc=0, seconds=1), [{"ok": True}], "pass"),
     (launch.Outcome(rc=1, seconds=1), [{"ok": False}], "crash"),                # results, then a failure
     (launch.Outcome(rc=0, seconds=1), [{"ok": False}], "fail"),
@@ -137,30 +137,30 @@ def assert_fits(output, width=100):
     (launch.Outcome(rc=2, seconds=1, statuses=[512, 512]), None, "usage"),   # the lesson refused a flag
     (launch.Outcome(rc=124, seconds=1, timed_out=True), None, "timeout"),
 ])
-def test_each_outcome_has_one_status_and_its_exit_code(outcome, checks, verdict):
-    assert engine.status(outcome, checks) == verdict
-    assert engine.exit_code(outcome, checks) == engine.EXIT[verdict]
-    assert (engine.exit_code(outcome, checks) == 0) == engine.ok(outcome, checks)
+def test_each_outcome_has_one_status_and_its_exit_code(outcome, checks, want):
+    assert verdict.status(outcome, checks) == want
+    assert verdict.exit_code(outcome, checks) == verdict.EXIT[want]
+    assert (verdict.exit_code(outcome, checks) == 0) == verdict.ok(outcome, checks)
 
 
 def test_interrupted_exits_128_plus_the_signal():
     out = launch.Outcome(rc=130, seconds=1, interrupted=True, signal=2)
-    assert engine.status(out, None) == "interrupted" and engine.exit_code(out, None) == 130
+    assert verdict.status(out, None) == "interrupted" and verdict.exit_code(out, None) == 130
     gone = launch.Outcome(rc=137, seconds=1, launcher=(99, 9))  # mpiexec itself killed
-    assert engine.status(gone, None) == "crash" and engine.exit_code(gone, None) == 137
+    assert verdict.status(gone, None) == "crash" and verdict.exit_code(gone, None) == 137
 
 
 def test_exit_codes_are_distinct_and_in_the_readme():
-    assert len(set(engine.EXIT.values())) == len(engine.EXIT)
+    assert len(set(verdict.EXIT.values())) == len(verdict.EXIT)
     readme = open(os.path.join(ROOT, "README.md")).read()
-    for verdict, code in engine.EXIT.items():
-        assert re.search(rf"\| `{code}` \| `{verdict}` \|", readme), f"README lacks exit {code} ({verdict})"
+    for name, code in verdict.EXIT.items():
+        assert re.search(rf"\| `{code}` \| `{name}` \|", readme), f"README lacks exit {code} ({name})"
 
 
 def test_the_same_failure_on_every_rank_is_said_once():
     same = "AssertionError: wrong sum (lessons/x.py:9)"
     out = launch.Outcome(rc=1, seconds=1, errors={0: same, 1: same, 2: "ValueError: odd (lessons/x.py:3)", 3: same})
-    assert engine.explain(None, out, None)[:2] == [f"ranks 0-1, 3 failed: {same}",
+    assert verdict.explain(None, out, None)[:2] == [f"ranks 0-1, 3 failed: {same}",
                                                    "rank 2 failed: ValueError: odd (lessons/x.py:3)"]
 
 
@@ -196,7 +196,7 @@ def test_checks_table_keeps_names_whole_and_says_what_values_stand_for():
         {"name": "forward bytes: (1) s T ((F - f[r+1]) + (H - h[r+1])); (2) s H (2T - t[r] - t[r+1])",
          "got": [r / 3 for r in range(20)], "want": "== [1.5, 2.25, 3.125] (rtol 1e-12, atol 1e-15)", "ok": True,
          "rule": "== " + "+".join(["alpha_us*np*size"] * 8) + " (rtol 1e-12, atol 1e-15)"}]
-    text = engine.checks_table(checks)
+    text = checktable.checks_table(checks)
     assert_whole_names(text, checks)
     got, want = column(text, 1), column(text, 2)
     assert "rank 0: 0.0; rank 1: 0.1;" in got and "13 more" in got, text  # a failure's items, how many more

@@ -8,6 +8,7 @@ import pytest
 
 from common import bootstrap, devices, report
 from common.runner import rundir
+from common.runner.catalog import ROOT
 
 
 def test_decide():
@@ -75,8 +76,8 @@ def test_parse_stack_main_thread_innermost_first():
     dump = ('Thread 0x01 (most recent call first):\n  File "/x/other.py", line 3 in spin\n\n'
             'Current thread 0x02 (most recent call first):\n'
             '  File "/usr/lib/site-packages/torch/x.py", line 9 in recv\n'
-            f'  File "{rundir.ROOT}/lessons/05_x.py", line 42 in ring\n'
-            f'  File "{rundir.ROOT}/lessons/05_x.py", line 80 in main\n')
+            f'  File "{ROOT}/lessons/05_x.py", line 42 in ring\n'
+            f'  File "{ROOT}/lessons/05_x.py", line 80 in main\n')
     frames = rundir.parse_stack(dump)
     assert frames[0] == ("recv", "/usr/lib/site-packages/torch/x.py:9")
     own, inner = rundir.blocked_at(frames)

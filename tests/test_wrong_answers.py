@@ -43,7 +43,7 @@ import sys
 import pytest
 import yaml
 
-from common.runner import catalog, engine, exercise
+from common.runner import catalog, engine, exercise, verdict
 from conftest import ROOT, torch_marks
 
 FOLDER = os.path.join(ROOT, "tests", "wrong_answers")
@@ -122,7 +122,7 @@ def stage(lesson, case, folder):
 def judge(case, outcome, checks, said):
     """AssertionError unless the run went as the case says (fails / crashes / hangs / passes, says)."""
     if "passes" in case:
-        assert engine.ok(outcome, checks), f"a correct variant ({case['mistake']}) fails:\n{said}"
+        assert verdict.ok(outcome, checks), f"a correct variant ({case['mistake']}) fails:\n{said}"
         return
     if "hangs" in case:
         assert outcome.timed_out, f"the bug '{case['mistake']}' did not hang (exit {outcome.rc}):\n{said}"
@@ -177,8 +177,8 @@ def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch, reque
     outcome, checks = engine.run_lesson(lesson, np, case.get("api", "mpi4py"), device,
                                         case.get("args", lesson.meta.get("args", [])), echo=False,
                                         script=script, timeout=case.get("timeout"))
-    said = "\n".join(exercise.explain(lesson, outcome, checks, script, engine.explain(lesson, outcome, checks)))
-    if lesson.meta.get("expects_death") and engine.status(outcome, checks) == "blocked":  # 18's MPI path
+    said = "\n".join(exercise.explain(lesson, outcome, checks, script, verdict.explain(lesson, outcome, checks)))
+    if lesson.meta.get("expects_death") and verdict.status(outcome, checks) == "blocked":  # 18's MPI path
         pytest.skip(f"{case['mistake']}: {outcome.blocked}")
     judge(case, outcome, checks, said)
 

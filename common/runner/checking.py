@@ -3,7 +3,7 @@
 import os
 from dataclasses import dataclass, field
 
-from common.runner import engine, exercise, practice
+from common.runner import engine, exercise, practice, preflight, progress, verdict
 
 MARKS = {"pass": "✓", "fail": "✗ fail", "crash": "✗ crash", "timeout": "✗ timeout", "usage": "✗ usage",
          "not graded": "– not graded", "blocked": "– blocked", "not run": "– not run"}
@@ -26,33 +26,33 @@ class Plan:
 
 
 def plan(lessons, np=None, api=None, device=None, mine=False, force=False, junit=None):
-    """Every run to make, each validated before any starts. Raises practice.PracticeError,
-    engine.UsageError, launch.LaunchError or engine.ScriptError (one line each)."""
+    """Every run to make, each validated before any starts. Raises exercise.PracticeError,
+    preflight.UsageError, launchers.LaunchError or preflight.ScriptError (one line each)."""
     out = Plan(scripts={l.name: practice.mine_or_fail(l) if mine else None for l in lessons})
     if mine and not lessons:
-        raise practice.PracticeError("nothing to check yet: start with `bin/tutor practice ID`")
+        raise exercise.PracticeError("nothing to check yet: start with `bin/tutor practice ID`")
     if junit is not None:
-        engine.check_junit_target(junit)
+        preflight.check_junit_target(junit)
     if mine:  # check --mine records progress: said before any run, not in a traceback after them all
-        practice.writable(os.path.dirname(practice.progress_path()), "TUTOR_STATE")
+        practice.writable(os.path.dirname(progress.progress_path()), "TUTOR_STATE")
     for lesson in lessons:
         dev = device or ("gpu" if lesson.needs_gpu else "cpu")
-        nps = [engine.parse_np(np, lesson)] if np else lesson.meta["np"]["check"]
+        nps = [preflight.parse_np(np, lesson)] if np else lesson.meta["np"]["check"]
         runs = [(n, a) for n in nps for a in ([api] if api else lesson.meta["apis"])]
         for n, a in runs:
-            engine.validate(lesson, n, a, dev)
-        engine.check_script(out.scripts[lesson.name] or lesson.path)
+            preflight.validate(lesson, n, a, dev)
+        preflight.check_script(out.scripts[lesson.name] or lesson.path)
         if mine:
             try:
                 out.graded[lesson.name] = practice.grading_plan(lesson)
-            except practice.PracticeError as exc:  # nothing written yet: nothing to launch
+            except exercise.PracticeError as exc:  # nothing written yet: nothing to launch
                 out.unwritten.append(str(exc))
                 continue
         for n, a in runs:
             try:
-                engine.needs(lesson, n, a, dev, force)
+                preflight.needs(lesson, n, a, dev, force)
                 blocked = None
-            except engine.Blocked as exc:
+            except preflight.Blocked as exc:
                 blocked = f"blocked: {exc}"
             out.runs.append((lesson, n, a, dev, blocked))
     return out
@@ -60,40 +60,40 @@ def plan(lessons, np=None, api=None, device=None, mine=False, force=False, junit
 
 def run(how, runs, say):
     """Make `runs` (how.runs, perhaps behind a progress bar) in order; returns (table rows, cases,
-    hung). A case is (lesson, np, api, outcome or None, verdict, why). Once a lesson hangs, its other
+    hung). A case is (lesson, np, api, outcome or None, status, why). Once a lesson hangs, its other
     runs are not started: a deadlock hangs every NP alike. Raises Interrupted, UsageError, LaunchError."""
     rows, cases, hung = [], [], {}
     for lesson, n, a, dev, blocked in runs:
         if blocked or lesson.name in hung:
-            verdict = "blocked" if blocked else "not run"
-            rows.append((lesson.name, n, a, "-", "-", MARKS[verdict]))
-            cases.append((lesson, n, a, None, verdict, [blocked or f"not run: {hung[lesson.name]} hung first"]))
+            status = "blocked" if blocked else "not run"
+            rows.append((lesson.name, n, a, "-", "-", MARKS[status]))
+            cases.append((lesson, n, a, None, status, [blocked or f"not run: {hung[lesson.name]} hung first"]))
             continue
         waiting = engine.Waiting(f"{lesson.name} np={n} {a}", lesson.meta["timeout_s"], say, n)
         outcome, checks = engine.run_lesson(lesson, n, a, dev, lesson.meta.get("args", []), echo=False,
                                             tick=waiting, plan=how.graded.get(lesson.name))
-        why = engine.explain(lesson, outcome, checks)
+        why = verdict.explain(lesson, outcome, checks)
         if outcome.interrupted:
             raise Interrupted(why, outcome.rc)
         if outcome.timed_out:
             hung[lesson.name] = f"np={n} {a}"
-        verdict = engine.status(outcome, checks)
+        status = verdict.status(outcome, checks)
         if lesson.name in how.graded:
             why = exercise.explain(lesson, outcome, checks, how.scripts[lesson.name], why)
-            verdict, why = practice.graded_verdict(how.graded[lesson.name], outcome, verdict, why)
+            status, why = practice.graded_verdict(how.graded[lesson.name], outcome, status, why)
         rows.append((lesson.name, n, a, f"{sum(c['ok'] for c in checks or [])}/{len(checks or [])}",
-                     f"{outcome.seconds:.1f}", MARKS[verdict]))
-        cases.append((lesson, n, a, outcome, verdict, why))
+                     f"{outcome.seconds:.1f}", MARKS[status]))
+        cases.append((lesson, n, a, outcome, status, why))
     return rows, cases, hung
 
 
 def problems(cases):
     """(mark, heading, why lines) for every run that did not pass: failures first, then the rest;
     runs that said the same thing are one heading."""
-    said = [(f"{lesson.name} np={n} api={a}", why, verdict) for lesson, n, a, outcome, verdict, why in cases
-            if verdict not in ("pass", "not run")]
+    said = [(f"{lesson.name} np={n} api={a}", why, status) for lesson, n, a, outcome, status, why in cases
+            if status not in ("pass", "not run")]
     for kind in ("✗", "–"):
-        these = [(head, why) for head, why, verdict in said if MARKS[verdict].startswith(kind)]
+        these = [(head, why) for head, why, status in said if MARKS[status].startswith(kind)]
         for head, why in exercise.grouped(these):
             yield kind, head, why
 
@@ -111,7 +111,7 @@ def tally(how, cases):
     failed = sum(count[v] for v in FAILED)
     line = ", ".join([f"{count['pass']} passed", f"{failed} failed"] +
                      [f"{count[v]} {v}" for v in ("not graded", "blocked", "not run") if count[v]])
-    rc = (engine.EXIT["fail"] if failed or count["not run"] or how.unwritten else
-          engine.EXIT["blocked"] if count["blocked"] else 0)
+    rc = (verdict.EXIT["fail"] if failed or count["not run"] or how.unwritten else
+          verdict.EXIT["blocked"] if count["blocked"] else 0)
     return line, rc
 

@@ -17,7 +17,8 @@ import re
 
 from common.report import table
 from common.runner.expect import MISSING, named
-from common.runner.terminal import WIDTH, alike, short
+from common.runner.terminal import alike, short
+from common.text import WIDTH
 
 
 def checks_table(checks, width=WIDTH - 2):  # 2 spare: the mark (✓ is 3 bytes) is drawn wide by some terminals

@@ -11,7 +11,7 @@ import textwrap
 import time
 
 from common import devices, driver, mpilib, timing
-from common.runner import launch, launchers
+from common.runner import launchers
 
 
 def line(name, value):
@@ -62,9 +62,9 @@ def mpi_section():
         return MPI.Get_library_version()
 
     def launcher():
-        argv = launch.mpiexec(2)
+        argv = launchers.mpiexec(2)
         line("mpiexec", " ".join(argv))
-        who = launch.identify(argv[0])
+        who = launchers.identify(argv[0])
         line("launcher", launchers.words(who, argv[0]))
         if launchers.allocation():
             how = {"hydra": "hydra starts its proxies with srun" + (" and is told this host's interface on the "
@@ -82,7 +82,7 @@ def mpi_section():
         check = ("import os; from mpi4py import MPI; "  # one write per rank: lines never interleave
                  "os.write(1, f'{MPI.COMM_WORLD.size} {MPI.Query_thread()}\\n'.encode())")
         t0 = time.monotonic()
-        out = subprocess.run([*argv, "-n", "2", launch.python(), "-c", check], capture_output=True,
+        out = subprocess.run([*argv, "-n", "2", launchers.python(), "-c", check], capture_output=True,
                              text=True, timeout=60, stdin=subprocess.DEVNULL)
         rows = [r.split() for r in out.stdout.splitlines() if re.fullmatch(r"\d+ \d+", r.strip())]
         if out.returncode != 0 or len(rows) != 2:
@@ -102,7 +102,7 @@ def mpi_section():
     argv = probe("mpiexec", launcher)
     problems += library_text is None or argv is None
     if library_text and argv:
-        who = launch.identify(argv[0])
+        who = launchers.identify(argv[0])
         said = launchers.mismatch_of(who, library_text)
         family = launchers.library_family(library_text)
         told = family and who.kind in ("hydra", "open-mpi")

@@ -1,37 +1,27 @@
-"""What `bin/tutor run` and `check` do: validate the request, launch, check the results (the words
-for an outcome are common/runner/verdict.py's; the files the runner writes follow common/runner/files.py)."""
-import json
+"""What `bin/tutor run` and `check` share: one lesson launched and its results checked (run_lesson), the
+command shown, what a quiet run is doing (Waiting). The words for an outcome are common/runner/verdict.py's."""
 import os
 import re
 import shlex
 
-from common.runner import expect, files, flightwatch, grading, launch, launchers
+from common.runner import expect, flightwatch, grading, launch, launchers
 from common.runner.catalog import ROOT
 from common.runner.diagnose import stuck, where
-from common.runner.preflight import (Blocked, ScriptError, UsageError, check_extra, check_json_target,  # noqa: F401
-                                     check_junit_target, check_script, needs, np_ceiling, parse_np,
-                                     parse_timeout, validate, wants_help)
+from common.runner.preflight import check_extra
 from common.runner.terminal import by_message, ranks_of
-from common.runner.files import write_junit  # noqa: F401
-from common.runner.checktable import checks_table  # noqa: F401
-from common.runner.verdict import (EXIT, exit_code, expected_death, explain, killed_rank, ok, status,  # noqa: F401
-                                   summary)
+from common.runner.verdict import expected_death, status
 
 
-def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, echo=True, script=None,
-               tick=None, plan=None):
+def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, script=None, tick=None, plan=None):
     """Launch one lesson (or `script`, or a practice grading.Plan); return (outcome, checks). checks is
-    None when there were no results. With json_path, the results, the checks and the status are kept
-    there: see common/runner/files.py."""
+    None when there were no results."""
     extra = [str(a) for a in extra]
     check_extra(extra)
-    if json_path:
-        check_json_target(json_path)
     if device == "auto" and lesson.meta.get("devices") == ["cpu"]:  # auto never picks what it cannot run
         device = "cpu"
     args = ["--api", api, "--device", device, *extra]
     line = launchers.survivable if lesson.meta.get("expects_death") else (lambda c: c)  # a rank dies on purpose
-    cmd, env, launched = line(launch.command(script or lesson.path, np, args)), launch.world_env(np), []
+    cmd, env, launched = line(launch.command(script or lesson.path, np, args)), launchers.world_env(np), []
     if plan:  # the graded text goes in the run folder; common/ is found through PYTHONPATH
         def cmd(run_dir):
             os.mkdir(os.path.join(run_dir, "mine"))
@@ -41,8 +31,9 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
             return line(launch.command(launched[0], np, args))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
         # a practice copy runs sanitized (common/sanitize.py): a racy answer that got lucky fails every
-        # time; TUTOR_SANITIZE=0 turns it off
-        env["TUTOR_SANITIZE"] = os.environ.get("TUTOR_SANITIZE", "1")
+        # time. Buffer hazards only: NCCL's order would stop lesson 01, whose head-to-head exchanges are
+        # the lesson. TUTOR_SANITIZE=0 turns it off, =1 adds NCCL's order
+        env["TUTOR_SANITIZE"] = os.environ.get("TUTOR_SANITIZE", "buffers")
     elif echo:
         print(shown(cmd), flush=True)
     if hasattr(tick, "watch"):  # the tick reads the ranks' flight records in the run folder
@@ -51,8 +42,8 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
         def cmd(run_dir):
             tick.watch(run_dir)
             return given(run_dir) if callable(given) else given
-    if echo and launch.note():
-        print(launch.note(), flush=True)
+    if echo and launchers.note():
+        print(launchers.note(), flush=True)
     cores, what = launchers.cores()  # inside a Slurm allocation, the CPUs it holds
     if echo and np > cores:
         print(f"note: {np} ranks share {cores} {what}, so timings will be "
@@ -66,7 +57,7 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
         outcome.wrong_world = (f"wrong world: the results are of {outcome.results.get('np')} rank(s), "
                                f"{np} were started: mpi4py must be built for the launcher's MPI")
     if outcome.rc and not outcome.pids and not outcome.wrong_world:  # no rank joined: MPI itself failed
-        outcome.wrong_world = launch.mismatch()
+        outcome.wrong_world = launchers.mismatch()
     if outcome.wrong_world:  # nothing a wrong world reported is checked: it is never a pass
         outcome.results = None
     elif outcome.planted:  # lesson 14's fault: grade the diagnosis, whether the fault hung the run or not
@@ -76,27 +67,7 @@ def run_lesson(lesson, np, api, device, extra=(), json_path=None, timeout=None, 
     checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome.results else None
     if not outcome.interrupted:  # `bin/tutor why` (a check's too): the diagnosis, the error output kept
         flightwatch.remember(f"{lesson.name} np={np} api={api}", status(outcome, checks), outcome)
-    if json_path:
-        keep_results(json_path, lesson, np, api, device, outcome.results, checks,
-                     status(outcome, checks), explain(lesson, outcome, checks), outcome.diagnosis)
     return outcome, checks
-
-
-def keep_results(path, lesson, np, api, device, results, checks, verdict, why, diagnosis=None):
-    """The results JSON the learner asked for: the lesson's results (or what is known of the run),
-    the checks, one status and the lines that say why it is not `pass`; never over a file that is not
-    an earlier one (UsageError). A blocked run, never launched, is kept too."""
-    doc = results or {"lesson": lesson.name, "np": np, "api": api, "device": device, "ranks": []}
-    doc = {**doc, "checks": checks or [], "ok": verdict == "pass", "status": verdict, "why": why}
-    if diagnosis:  # the first divergence of the ranks' flight records (common/runner/diagnose.py)
-        doc["diagnosis"] = diagnosis
-    text = json.dumps(doc, indent=1) + "\n"
-    try:
-        files.write_new(path, text, "--json", "results JSON", files.is_results_json)
-    except files.FileError as exc:
-        raise UsageError(str(exc)) from None
-    except OSError as exc:
-        raise UsageError(f"--json {path}: could not write it: {exc.strerror}") from None
 
 
 def shown(cmd, width=100):
@@ -110,9 +81,9 @@ def shown(cmd, width=100):
     return "\n".join(lines + [line])
 
 
-def lesson_help(lesson, script=None):
+def lesson_help(lesson):
     """The lesson's own --help, once (one rank), with no verdict: the exit status of the lesson."""
-    cmd = launch.command(script or lesson.path, 1, ["--help"])
+    cmd = launch.command(lesson.path, 1, ["--help"])
     print(shown(cmd), flush=True)
     return launch.run(cmd, 60).rc
 

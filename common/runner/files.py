@@ -16,7 +16,7 @@ import tempfile
 from contextlib import contextmanager
 
 from common import guard, plot
-from common.guard import JUNIT_HEAD, is_junit, is_results_json  # noqa: F401 (used via files.)
+from common.guard import JUNIT_HEAD
 from common.runner.exercise import PracticeError
 from common.runner.terminal import path_shown
 

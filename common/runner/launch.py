@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 from common import world
 from common.runner import flightwatch, lifetime
-from common.runner.launchers import (LaunchError, flavour, found, identify, mismatch, mpiexec,  # noqa: F401
-                                     note, python, world_env)
+from common.runner.launchers import LaunchError, flavour, mpiexec, python
 from common.runner.catalog import ROOT
 from common.runner.rundir import dump_stacks, end_tree, rank_pids, read_errors
 

@@ -8,7 +8,7 @@ from common.runner import catalog, expect, files, grading
 from common.runner.catalog import ROOT
 from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
 from common.runner.terminal import fit, path_shown
-from common.runner.progress import change, load_progress, progress_path, update  # noqa: F401 (used via practice.)
+from common.runner.progress import change, load_progress, progress_path, update
 
 
 def practice_dir():

@@ -6,7 +6,7 @@ import os
 import sys
 import tempfile
 
-from common import devices, flight, timing
+from common import devices, flight, guard, timing
 from common.runner import files, launchers, lifetime, schema
 from common.runner.terminal import path_shown
 
@@ -101,14 +101,14 @@ def check_script(path):
 
 def check_json_target(path):
     try:
-        files.check_target(path, "--json", "results JSON", files.is_results_json)
+        files.check_target(path, "--json", "results JSON", guard.is_results_json)
     except files.FileError as exc:
         raise UsageError(str(exc)) from None
 
 
 def check_junit_target(path):
     try:
-        files.check_target(path, "--junit", "JUnit report", files.is_junit)
+        files.check_target(path, "--junit", "JUnit report", guard.is_junit)
     except files.FileError as exc:
         raise UsageError(str(exc)) from None
 
