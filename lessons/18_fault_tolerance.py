@@ -35,7 +35,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, report, shards  # noqa: E402
+from common import bootstrap, report, shards, timing  # noqa: E402
 from lessons.fault_tolerance import quorum, show  # noqa: E402
 
 SEED = 18                 # data and the model come from this seed, identical on every rank
@@ -156,14 +156,14 @@ def train(torch, args, world, recover):
         if step == args.kill_step and world.members[world.rank] == args.kill_rank:
             time.sleep(0.05)                   # the others are inside the call by now, waiting for me
             die(args.death)                    # this rank dies here: no handler, no goodbye
-        t0 = time.monotonic()
+        t0 = timing.now(timing.HOST)
         try:
             allreduce(world, flat)
         except Exception as exc:  # noqa: BLE001 - which ones mean a dead peer: peer_lost
             lost.append(exc)
             if not peer_lost(exc) or len(lost) >= len(tries) + 2:  # not a death, or recovering for ever
                 raise
-            t_fail = time.monotonic()
+            t_fail = timing.now(timing.HOST)
             if len(lost) == 1:
                 events.update(wait_ms=(t_fail - t0) * 1e3, how=show.how(exc))
             # >>> exercise: redo
@@ -171,7 +171,7 @@ def train(torch, args, world, recover):
             continue                           # redo this step on it: flat holds a partial sum
             # <<< exercise: redo
         if t_fail is not None and events["recover_ms"] is None:  # the recovery's cost, to a step done
-            events["recover_ms"] = (time.monotonic() - t_fail) * 1e3
+            events["recover_ms"] = (timing.now(timing.HOST) - t_fail) * 1e3
         sgd_step(torch, model, flat, args.lr)
         step += 1
     events["redone"] = sorted(s for s, n in tries.items() for _ in range(n - 1))
