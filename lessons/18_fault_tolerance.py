@@ -65,7 +65,24 @@ def allreduce(world, flat):
         world.pg.allreduce([flat], opts).wait()                      # gloo: a dead peer's socket closes
     else:
         from mpi4py import MPI
-        world.comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)  # ULFM: an error class, not a hang
+        lost = None
+        try:
+            world.comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)  # ULFM: an error class, not a hang
+        except MPI.Exception as exc:
+            if not peer_lost(exc):
+                raise
+            lost = exc
+        # ULFM reports a death to some ranks of a collective and not others (on two nodes a survivor's
+        # Allreduce can return after the death): Agree, a fault-tolerant AND that fails alike on every
+        # survivor, makes the step's fate one for all before anyone moves on or revokes
+        try:
+            ok = world.comm.Agree(int(lost is None))
+        except MPI.Exception as exc:
+            if not peer_lost(exc):
+                raise
+            lost, ok = lost or exc, 0
+        if not ok:
+            raise lost or RuntimeError("a survivor's all-reduce failed")
 
 
 def peer_lost(exc):
