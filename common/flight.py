@@ -75,14 +75,16 @@ class Recorder:
             self.check(self, seq, op, dtype, count, root, comm, members)
         return slot
 
-    def end(self, slot):
-        """Mark the slot completed, or enqueued on a GPU (completed at the next sync())."""
+    def end(self, slot, host=False):
+        """Mark the slot completed, or enqueued on a GPU (completed at the next sync()); host: a call
+        on host buffers (the sanitizer's), done when it returns even on a GPU run."""
         if slot < 0:
             return
         at, now = HEAD.size + slot * SLOT.size, time.time()
+        gpu = self.gpu and not host
         _TIME.pack_into(self.buf, at + 40, now)
-        _STATE.pack_into(self.buf, at + 25, 2 if self.gpu else 3)
-        if self.gpu:  # a set of slots: at most SLOTS, however long a lesson goes without a sync
+        _STATE.pack_into(self.buf, at + 25, 2 if gpu else 3)
+        if gpu:  # a set of slots: at most SLOTS, however long a lesson goes without a sync
             self.pending.add(slot)
         self.writes += 1
         _WRITES.pack_into(self.buf, 16, self.writes, now)

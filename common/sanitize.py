@@ -287,7 +287,7 @@ class Sanitizer:
                 last = now
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
-        flight.get().end(slot)
+        flight.get().end(slot, host=True)
 
     def _cycle(self, waited, seconds):
         """Report a deadlock of the simulated streams (this rank's and the others', from their flight
@@ -323,7 +323,7 @@ class Sanitizer:
         if p.done:
             return
         t0, p.done, waited = time.perf_counter(), True, waited or site()
-        flight.get().end(p.slot)
+        flight.get().end(p.slot, host=True)
         if p in self.stream:
             self.stream.remove(p)
         self._settle(waited)
