@@ -63,7 +63,7 @@ def over_ranks(ctx, lo, hi, looped, whole, timed, best, speed):
     if ctx.rank == 0:
         print(f"serial (part 1): {timed['cpu']['serial'][0] * 1e3:.1f} ms, split across {ctx.world_size} "
               f"rank(s): {best * 1e3:.1f} ms -> {speed['cpu_ranks']:.2f}x"
-              + (" (one rank: the same loop timed again)" if ctx.world_size < 2 else ""))
+              + (" (one rank: no split)" if ctx.world_size < 2 else ""))
 
 
 def recv_label(ctx):
