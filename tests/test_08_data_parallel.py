@@ -146,7 +146,7 @@ def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
     assert worst_over_seeds(tmp_path, n, range(3), "float32") <= 1
 
 
-@pytest.mark.slow
+@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
 @pytest.mark.torch
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

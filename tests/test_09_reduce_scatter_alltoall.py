@@ -158,7 +158,7 @@ def test_correct_runs_stay_inside_the_moe_budget_for_3_seeds(tmp_path, n):
         assert max(r["moe"]["moe_ratio"] for r in doc["ranks"]) <= 1
 
 
-@pytest.mark.slow
+@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("n", range(1, 9))
 def test_correct_runs_stay_inside_the_moe_budget_for_20_seeds(tmp_path, n):

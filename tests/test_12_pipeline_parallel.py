@@ -258,7 +258,7 @@ def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
     grade_runs(tmp_path, n, range(3))
 
 
-@pytest.mark.slow
+@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("n", range(1, 9))
 def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n):
