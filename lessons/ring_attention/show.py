@@ -169,5 +169,5 @@ def large(rows, args):
 def sdpa(rows):
     """5. Every rank's rows against torch's scaled_dot_product_attention on one process."""
     print(report.table(["rank", "|ring - sdpa| / budget"], rows, align=[True, True]))
-    print("no mask (contiguous) and causal (zig-zag); the budget: the ring's and sdpa's, both in the run's "
+    print("no mask (contiguous) and causal (zig-zag); the budget: the ring's and sdpa's, in the run's "
           "dtype", flush=True)
