@@ -166,24 +166,30 @@ class Sanitizer:
     def send(self, buf, post, peer=None, tag=0, test=None, op="isend"):
         """A send of `buf` to `peer`: post(buf) makes the real one when the stream starts it, test(real)
         says it is done. Returns its Posted (None: a buffer not checked, the caller posts it itself)."""
-        t0, arr = time.perf_counter(), array(buf)
+        t0, p = time.perf_counter(), self._open("send", buf, peer, tag, test)
+        if p is None:
+            return None
+        p.crc, p.post = _crc(p.arr), post
+        return self._posted(p, op, t0)
+
+    def _open(self, kind, buf, peer, tag, test):
+        """A Posted for `buf` (None when it is no array the checks can read), after this rank's earlier
+        calls are settled and the buffer is checked against every pending one."""
+        arr = array(buf)
         if arr is None:
             return None
-        p = Posted("send", buf, arr, site(), peer, tag, test)
+        p = Posted(kind, buf, arr, site(), peer, tag, test)
         self._settle(p.site)
         self._alias(p)
-        p.crc, p.post = _crc(arr), post
-        return self._posted(p, op, t0)
+        return p
 
     def recv(self, buf, post, stage, peer=None, tag=0, test=None, op="irecv"):
         """A receive into `buf` from `peer`: post(staged) makes the real one into stage(buf), a buffer
         like it, when the stream starts it; test(real) says it is done."""
-        t0, arr = time.perf_counter(), array(buf)
-        if arr is None:
+        t0, p = time.perf_counter(), self._open("recv", buf, peer, tag, test)
+        if p is None:
             return None
-        p = Posted("recv", buf, arr, site(), peer, tag, test)
-        self._settle(p.site)
-        self._alias(p)
+        arr = p.arr
         p.staged = stage(buf)
         p.stage = array(p.staged)
         p.stage[...] = arr.reshape(p.stage.shape)  # a shorter message leaves the rest as it was
