@@ -11,9 +11,7 @@
 #     --platform manylinux1_x86_64 \
 #     -d .whl mpich==5.0.2 mpi4py==4.1.2 typer==0.29.1 pydantic pydantic_core annotated-types \
 #     typing-inspection typing_extensions annotated-doc rich   (the versions requirements.txt pins)
-# then WHEELS=1 tests/gpu_node.sh makes /tmp/gpu-venv from them, laid out as make setup's venv
-# (mpiexec and libmpi beside its python), seeing python3's own packages (torch, CuPy) through
-# a .pth file.
+# then WHEELS=1 tests/gpu_node.sh makes /tmp/gpu-venv from them (tests/node_venv.sh).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-node}
@@ -21,15 +19,8 @@ mkdir -p "$OUT/runs"
 L=$OUT/log.txt
 T0=$(date +%s)
 if [ "${WHEELS:-}" = 1 ]; then
-  V=/tmp/gpu-venv
-  python3 -m venv --without-pip $V >>"$L" 2>&1 \
-    || { echo "gpu_node: no venv from python3" >&2; exit 3; }
-  SP=$($V/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  python3 -c "import site; print('\n'.join(site.getsitepackages()))" > "$SP/node-site.pth"
-  python3 -m pip --python $V/bin/python install -q -I --no-index --no-deps --no-compile \
-    --no-cache-dir .whl/*.whl >>"$L" 2>&1 \
-    || { echo "gpu_node: the wheels did not install" >&2; exit 3; }
-  export TUTOR_PYTHON=$V/bin/python
+  TUTOR_PYTHON=$(tests/node_venv.sh /tmp/gpu-venv mpich 2>>"$L") || exit 3
+  export TUTOR_PYTHON
 fi
 PY=${TUTOR_PYTHON:-.venv/bin/python}
 export PYTHONUNBUFFERED=1 COLUMNS=100
