@@ -118,10 +118,10 @@ check-mine: $(SETUP)  ## check your practice copy: make check-mine LESSON=05 [NP
 	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))
 
 test: $(SETUP)  ## the test suite (unit, runner, real mpiexec runs) but runs loading torch per rank
-	$(PY) -m pytest -q $(XDIST) -m "not torch and not twonode and not slow and not sweep"
+	$(PY) -m pytest -q $(XDIST) -m "not torch and not twonode and not slow and not sweep and not stress"
 
 test-torch: $(SETUP)  ## the runs that load torch on every rank (--api torch, lesson 08), and slow ones
-	$(PY) -m pytest -q $(XDIST) -m "(torch or slow) and not sweep"
+	$(PY) -m pytest -q $(XDIST) -m "(torch or slow) and not sweep and not stress"
 
 mutants: $(SETUP)  ## mutants of a lesson's exercises, graded: make mutants LESSON=05 SAMPLE=25
 	@test -n "$(LESSON)" || { echo "mutants: name the lesson: make mutants LESSON=05" >&2; exit 2; }

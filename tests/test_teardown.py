@@ -11,6 +11,8 @@ step and one fully_shard step as lessons 08 and 10 do, and at the very end of Py
 (after the kit's) lists the threads init_torch started that still run: there must be none. The
 stress tests repeat real runs of lessons 08 and 10 under a busy core, where 2 runs in 15 (lesson 10,
 NP 3, MPICH) and 1 in 10 (lesson 08, NP 2, Open MPI) aborted before.
+They take about 7 minutes of a test worker on 2 cores (a third of `make test-torch`), so they run
+by hand (`pytest -m stress`); the probe holds the cause in CI.
 """
 import os
 import signal
