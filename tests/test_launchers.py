@@ -43,14 +43,33 @@ def flags(name, argv=("mpiexec",), np=2, root=True, cores=2, monkeypatch=None):
 
 @pytest.mark.parametrize("name", ["orte", "prrte"])
 def test_open_mpi_as_root_past_its_cores_gets_what_it_needs(name, monkeypatch):
+    one_node = ["--mca", "btl", "^ofi,uct"]
     assert flags(name, np=3, monkeypatch=monkeypatch) == [
-        "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
-    assert flags(name, np=2, root=False, monkeypatch=monkeypatch) == ["--bind-to", "none"]
+        "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *one_node]
+    assert flags(name, np=2, root=False, monkeypatch=monkeypatch) == ["--bind-to", "none", *one_node]
+
+
+@pytest.mark.parametrize("argv, env", [
+    (["mpirun", "--host", "a:2,b:2"], {}), (["mpirun", "--hostfile=nodes"], {}), (["mpirun", "-H", "a,b"], {}),
+    (["mpirun"], {"PRTE_MCA_prte_default_hostfile": "nodes"}), (["mpirun", "--mca", "btl", "self,tcp"], {}),
+    (["mpirun"], {"OMPI_MCA_btl": "self,sm,tcp"})])
+def test_open_mpi_on_several_nodes_or_with_its_own_btl_keeps_every_transport(argv, env, monkeypatch):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert "^ofi,uct" not in flags("prrte", argv, monkeypatch=monkeypatch)
+
+
+def test_open_mpi_in_a_slurm_allocation_keeps_every_transport(monkeypatch):
+    held = launchers.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "4",
+                                 "SLURM_JOB_CPUS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert held.nodes == 2
+    ompi = launchers.identify_text(VERSIONS["prrte"][0])
+    assert "btl" not in launchers.additions(ompi, ["mpirun"], 4, root=False, held=held)
 
 
 def test_what_the_learner_gave_is_neither_repeated_nor_overridden(monkeypatch):
     argv = ["mpirun", "--map-by", ":OVERSUBSCRIBE", "--bind-to", "core", "--allow-run-as-root"]
-    assert flags("prrte", argv, np=8, monkeypatch=monkeypatch) == []
+    assert flags("prrte", argv, np=8, monkeypatch=monkeypatch) == ["--mca", "btl", "^ofi,uct"]  # nothing given
     assert "binds ranks to cores" in launchers.note_for(launchers.identify_text(VERSIONS["prrte"][0]), argv)
 
 
@@ -72,8 +91,9 @@ def fake_launcher(folder, version, name="mpirun"):
     path = folder / name
     path.write_text("#!/bin/sh\n"
                     f'if [ "$1" = --version ]; then printf "{version}"; exit 0; fi\n'
-                    'for a; do shift; case "$a" in --allow-run-as-root|--oversubscribe) ;; '
-                    '--bind-to) skip=1 ;; *) if [ -n "$skip" ]; then skip=; else set -- "$@" "$a"; fi ;; esac; done\n'
+                    'skip=0; for a; do shift; case "$a" in --allow-run-as-root|--oversubscribe) ;; --bind-to) skip=1 ;; '
+                    '--mca) skip=2 ;; *) if [ $skip -gt 0 ]; then skip=$((skip - 1)); else set -- "$@" "$a"; fi ;; '
+                    'esac; done\n'
                     f'exec {real} "$@"\n')
     path.chmod(0o755)
     return path
@@ -96,7 +116,8 @@ def test_the_dollar_line_shows_what_was_added_wherever_the_launcher_comes_from(w
     assert proc.returncode == 0 and first[:2] == ["$", str(fake)], proc.stdout + proc.stderr
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     over = ["--oversubscribe"] if 3 > launchers.physical_cores() else []  # Open MPI's slots: a core each
-    assert first[2:2 + len(root) + len(over) + 3] == [*root, *over, "--bind-to", "none", "-n"], first
+    one_node = ["--mca", "btl", "'^ofi,uct'"]  # quoted for the shell, as shown
+    assert first[2:2 + len(root) + len(over) + 6] == [*root, *over, "--bind-to", "none", *one_node, "-n"], first
 
 
 def singletons(folder):
