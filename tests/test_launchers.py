@@ -91,9 +91,9 @@ def fake_launcher(folder, version, name="mpirun"):
     path = folder / name
     path.write_text("#!/bin/sh\n"
                     f'if [ "$1" = --version ]; then printf "{version}"; exit 0; fi\n'
-                    'skip=0; for a; do shift; case "$a" in --allow-run-as-root|--oversubscribe) ;; --bind-to) skip=1 ;; '
-                    '--mca) skip=2 ;; *) if [ $skip -gt 0 ]; then skip=$((skip - 1)); else set -- "$@" "$a"; fi ;; '
-                    'esac; done\n'
+                    'skip=0; for a; do shift; case "$a" in --allow-run-as-root|--oversubscribe) ;; '
+                    '--bind-to) skip=1 ;; --mca) skip=2 ;; '
+                    '*) if [ $skip -gt 0 ]; then skip=$((skip - 1)); else set -- "$@" "$a"; fi ;; esac; done\n'
                     f'exec {real} "$@"\n')
     path.chmod(0o755)
     return path
