@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from common import devices, flight, network, teardown, watchdog, world
+from common import devices, flight, network, run_folder, teardown, watchdog, world
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -37,8 +37,8 @@ class LessonParser(argparse.ArgumentParser):
     def error(self, message):
         # the other ranks leave only once rank 0 has said why: a rank that exits first makes Open MPI's
         # launcher end the run, and rank 0's line was lost so (1 run in ~700 under load in CI)
-        run_dir = os.environ.get("TUTOR_RUN_DIR")
-        said = os.path.join(run_dir, "refused") if run_dir else None
+        run_dir = run_folder.given()
+        said = run_folder.refused(run_dir) if run_dir else None
         if env_rank() == 0:
             print(f"{self.prog}: {message}", file=sys.stderr, flush=True)
             if said:
@@ -130,8 +130,9 @@ class Ctx:
         from mpi4py import MPI
         if self.rank == 0:
             print(f"{self.lesson}: {message}", file=sys.stderr, flush=True)
-            if blocked and os.environ.get("TUTOR_RUN_DIR"):
-                with open(os.path.join(os.environ["TUTOR_RUN_DIR"], "blocked"), "w") as f:
+            run_dir = run_folder.given()
+            if blocked and run_dir:
+                with open(run_folder.blocked(run_dir), "w") as f:
                     f.write(message)
         end_torch()  # else torch's NCCL adds "destroy_process_group() was not called" to our one line
         MPI.Finalize()  # after Finalize, mpi4py exits with our code instead of calling MPI_Abort

@@ -19,7 +19,7 @@ import types
 
 import numpy as np
 
-from common import flight
+from common import flight, run_folder
 
 WAIT_S = 1.5        # how often an absent rank's record is read: one waiting elsewhere stops the run then
 ALONE_WAIT_S = 30.0  # with no record to read, the wait before a rank that has not come is called stuck
@@ -71,12 +71,12 @@ class Checker:
 def stuck(absent, seen, waited):
     """Why the absent ranks are not coming (one line), or None while one may still come (slow, not
     stuck). seen: {rank: its record's write count when last read}, kept between calls."""
-    run_dir = os.environ.get("TUTOR_RUN_DIR")
+    run_dir = run_folder.given()
     for r in absent:
         head, entries = None, []
         if run_dir:
             try:
-                with open(os.path.join(run_dir, f"rank{r}.flight"), "rb") as f:
+                with open(run_folder.rank_file(run_dir, r, "flight"), "rb") as f:
                     head, entries = flight.parse(f.read())
             except OSError:
                 pass

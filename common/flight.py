@@ -26,6 +26,8 @@ import struct
 import sys
 import time
 
+from common import run_folder
+
 SLOTS = 64
 HEAD = struct.Struct("<4sIqqdd")        # magic, rank, pid, writes, time of the last write, spare
 SLOT = struct.Struct("<qqiiBB6xdd16s8s24s24s24s")  # seq, count, root, tag, kind, state, t0, t1, op,
@@ -202,8 +204,8 @@ def _dtype(buf, names={}):
 
 def install(rank, gpu=False, check=None):
     """This process's recorder, on file when the runner gave a run folder."""
-    run_dir = os.environ.get("TUTOR_RUN_DIR")
-    path = os.path.join(run_dir, f"rank{rank}.flight") if run_dir and os.path.isdir(run_dir) else None
+    run_dir = run_folder.seen()
+    path = run_folder.rank_file(run_dir, rank, "flight") if run_dir else None
     _ME[:] = [Recorder(rank, path, gpu, check)]
     return _ME[0]
 
@@ -211,10 +213,10 @@ def install(rank, gpu=False, check=None):
 def plant(np, stuck_s, params):
     """Rank 0 of a lesson that breaks on purpose tells the runner (common/runner/flightwatch.py): end
     the run once every rank has waited stuck_s seconds in a call, then grade the diagnosis on params."""
-    run_dir = os.environ.get("TUTOR_RUN_DIR")
-    if run_dir and os.path.isdir(run_dir):
+    run_dir = run_folder.seen()
+    if run_dir:
         from common.report import atomic_write
-        atomic_write(os.path.join(run_dir, "planted.json"),
+        atomic_write(run_folder.planted(run_dir),
                      json.dumps({"np": np, "stuck_s": stuck_s, "params": params}))
 
 

@@ -44,7 +44,7 @@ import zlib
 
 import numpy as np
 
-from common import flight
+from common import flight, run_folder
 
 HOME = os.path.dirname(os.path.abspath(__file__))
 LIBS = tuple(sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}))
@@ -299,15 +299,15 @@ class Sanitizer:
         """Report a deadlock of the simulated streams (this rank's and the others', from their flight
         records in the run folder), once every rank of it saw it; then post what the stream holds
         (collecting) or raise (strict). False when there is none (yet)."""
-        run_dir = os.environ.get("TUTOR_RUN_DIR")
-        if run_dir and os.path.isdir(run_dir):
+        run_dir = run_folder.seen()
+        if run_dir:
             loop = _records_cycle(run_dir, self.rank)
             if not loop:
                 return False
-            mark = os.path.join(run_dir, f"sanitize-cycle-{next(_CYCLES)}-rank{self.rank}")  # the k-th seen
-            open(mark, "w").close()
+            k = next(_CYCLES)  # the k-th seen
+            open(run_folder.cycle_mark(run_dir, k, self.rank), "w").close()
             t0 = time.perf_counter()
-            while time.perf_counter() - t0 < 5 and not all(os.path.exists(mark.replace(f"rank{self.rank}", f"rank{r}"))
+            while time.perf_counter() - t0 < 5 and not all(os.path.exists(run_folder.cycle_mark(run_dir, k, r))
                                                             for r in loop):
                 time.sleep(0.01)  # every rank of the cycle reports it, before any moves on
             said = " -> ".join(map(str, loop + loop[:1]))
@@ -496,16 +496,15 @@ def _records_cycle(run_dir, rank):
     """[rank, ...]: a cycle of ranks blocked in a sanitized wait with calls queued behind it, each
     waiting on the next (a send on a peer not already receiving from it), read from the records."""
     waits = {}
-    for name in os.listdir(run_dir):
-        if name.startswith("rank") and name.endswith(".flight"):
-            try:
-                with open(os.path.join(run_dir, name), "rb") as f:
-                    head, entries = flight.parse(f.read())
-            except OSError:
-                continue
-            last = entries[-1] if entries else None
-            if head and last and last["op"] == "wait, queued" and last["state"] == "started":
-                waits[head["rank"]] = last["peers"].split()
+    for record in run_folder.rank_files(run_dir, "flight").values():
+        try:
+            with open(record, "rb") as f:
+                head, entries = flight.parse(f.read())
+        except OSError:
+            continue
+        last = entries[-1] if entries else None
+        if head and last and last["op"] == "wait, queued" and last["state"] == "started":
+            waits[head["rank"]] = last["peers"].split()
     nxt = {r: [int(p[1:]) for p in ps if int(p[1:]) in waits and (p[0] == "r" or f"r{r}" not in waits[int(p[1:])])]
            for r, ps in waits.items()}
     path = [rank]

@@ -1,6 +1,6 @@
 """The ranks' half of the watchdog: leave the runner a pid, a stack dump on demand, and the error line.
 
-When the runner sets TUTOR_RUN_DIR, each rank writes there
+When the runner gives a run folder (TUTOR_RUN_DIR, common/run_folder.py), each rank writes there
   rankR.pid    its process id, so the runner can signal and end it even if mpiexec is gone;
   rankR.stack  a faulthandler dump of every thread, written when the runner sends SIGUSR1;
   rankR.error  the exception that killed it, one line, with the lesson's file:line (mpi4py's own
@@ -14,20 +14,22 @@ import socket
 import sys
 import traceback
 
+from common import run_folder
+
 _keep = []  # faulthandler writes to this file later: it must stay open
 
 
 def install(rank):
-    run_dir = os.environ.get("TUTOR_RUN_DIR")
+    run_dir = run_folder.given()
     if run_dir and not os.path.isdir(run_dir):  # launched on a node that does not share it
         sys.stderr.write(f"rank {rank} on {socket.gethostname()} cannot see the run folder: set TUTOR_RUN_ROOT "
                          "to one all nodes see\n")
     if not run_dir or not os.path.isdir(run_dir):
         return
-    base = os.path.join(run_dir, f"rank{rank}")
-    with open(base + ".pid", "w") as f:
+    error = run_folder.rank_file(run_dir, rank, "error")
+    with open(run_folder.rank_file(run_dir, rank, "pid"), "w") as f:
         f.write(str(os.getpid()))
-    stack = open(base + ".stack", "w")
+    stack = open(run_folder.rank_file(run_dir, rank, "stack"), "w")
     _keep.append(stack)
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
     previous = sys.excepthook
@@ -38,12 +40,12 @@ def install(rank):
         name = kind.__name__
         if kind.__module__ == "mpi4py.MPI":
             name, line = "MPI." + name, with_class(value, line, classes)
-        write(base + ".error", f"{name}: {line}\n")  # at once: an MPI error may have broken the heap
+        write(error, f"{name}: {line}\n")  # at once: an MPI error may have broken the heap
         frames = [fr for fr in traceback.extract_tb(tb) if "site-packages" not in fr.filename
                   and os.path.isfile(fr.filename)]  # not mpi4py's own .pyx sources, named but absent
         if frames:
-            write(base + ".error", f"{name}: {line} ({os.path.relpath(frames[-1].filename)}:"
-                                   f"{frames[-1].lineno})\n")
+            write(error, f"{name}: {line} ({os.path.relpath(frames[-1].filename)}:"
+                         f"{frames[-1].lineno})\n")
         previous(kind, value, tb)
 
     sys.excepthook = hook

@@ -8,10 +8,9 @@ variables (PMI_SIZE: hydra, Intel MPI, srun's PMI; OMPI_COMM_WORLD_SIZE: Open MP
 import os
 import sys
 
-from common import mpilib
+from common import mpilib, run_folder
 
 SIZE_VARS = ("TUTOR_NP", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
-MARK = "wrong-world"  # the runner's run folder gets this file: the run is never a pass
 
 
 def expected():
@@ -50,11 +49,11 @@ def confirm(comm, MPI):
 
 def marked(line):
     """True when the runner's run folder holds the mark (the runner then says the line, once)."""
-    run_dir = os.environ.get("TUTOR_RUN_DIR")
-    if not run_dir or not os.path.isdir(run_dir):
+    run_dir = run_folder.seen()
+    if not run_dir:
         return False
     try:
-        fd = os.open(os.path.join(run_dir, MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(run_folder.wrong_world(run_dir), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return True
     except OSError:

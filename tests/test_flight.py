@@ -5,13 +5,13 @@ import types
 import numpy as np
 import pytest
 
-from common import flight, recorded
+from common import flight, recorded, run_folder
 from common.runner import diagnose
 
 
 @pytest.fixture
 def on_disk(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUTOR_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(run_folder.ENV, str(tmp_path))
     yield tmp_path
     flight._ME.clear()
 
@@ -20,13 +20,14 @@ def test_a_started_call_is_on_disk_before_it_returns(on_disk):
     rec = flight.install(2)
     buf = np.zeros(1024, np.float32)
     slot = rec.begin("all_reduce", "coll", buf, "world")
-    head, entries = flight.parse((on_disk / "rank2.flight").read_bytes())  # as a blocked rank leaves it
+    record = run_folder.rank_file(on_disk, 2, "flight")
+    head, entries = flight.parse(open(record, "rb").read())  # as a blocked rank leaves it
     assert head["rank"] == 2 and entries[-1]["state"] == "started"
     assert (entries[-1]["op"], entries[-1]["dtype"], entries[-1]["count"], entries[-1]["seq"]) == \
         ("all_reduce", "float32", 1024, 1)
     assert entries[-1]["site"].startswith("test_flight.py:")  # the caller's line, not common/'s
     rec.end(slot)
-    head2, entries = flight.parse((on_disk / "rank2.flight").read_bytes())
+    head2, entries = flight.parse(open(record, "rb").read())
     assert entries[-1]["state"] == "completed" and head2["writes"] > head["writes"]
 
 

@@ -266,16 +266,17 @@ def test_an_error_before_mpi_is_named_with_its_file_and_line():
 
 
 def test_watchdog_writes_mpi_errors_as_such(tmp_path, monkeypatch):
-    from common import watchdog
-    monkeypatch.setenv("TUTOR_RUN_DIR", str(tmp_path))
+    from common import run_folder, watchdog
+    monkeypatch.setenv(run_folder.ENV, str(tmp_path))
+    error = run_folder.rank_file(tmp_path, 3, "error")
     monkeypatch.setattr(sys, "excepthook", lambda *a: None)
     watchdog.install(3)
     try:
         mpi_error = type("Exception", (Exception,), {"__module__": "mpi4py.MPI"})
         sys.excepthook(mpi_error, mpi_error("Other MPI error, error stack:\nmore"), None)
-        assert (tmp_path / "rank3.error").read_text() == "MPI.Exception: Other MPI error, error stack:\n"
+        assert open(error).read() == "MPI.Exception: Other MPI error, error stack:\n"
         sys.excepthook(ValueError, ValueError("plain"), None)
-        assert (tmp_path / "rank3.error").read_text() == "ValueError: plain\n"
+        assert open(error).read() == "ValueError: plain\n"
     finally:
         import faulthandler
         faulthandler.unregister(signal.SIGUSR1)

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from common import flight, guard, plot, report
+from common import flight, guard, plot, report, run_folder
 from conftest import FIXTURES, ROOT, TUTOR, end_marked, processes_running, tutor
 from test_practice import PRACTICE_FIXTURES
 from test_robust import one_line_error
@@ -256,7 +256,7 @@ def test_a_rank_stopped_with_sigstop_is_named_in_the_timeout_report(tmp_path):
     try:
         pid_file, deadline = None, time.monotonic() + 12
         while not pid_file and time.monotonic() < deadline:  # rank 1 has joined MPI: it wrote its pid
-            pid_file = next(iter(tmp_path.glob("tutor-run-*/rank1.pid")), None)
+            pid_file = next(iter(tmp_path.glob(run_folder.rank_file("tutor-run-*", 1, "pid"))), None)
             time.sleep(0.1)
         assert pid_file, "rank 1 never joined MPI"
         time.sleep(0.5)

@@ -11,6 +11,7 @@ import os
 import subprocess
 
 from conftest import ROOT
+from common import run_folder
 from common.runner import launch, launchers, verdict
 
 TRUNC = "MPI.Exception: MPI_ERR_TRUNCATE: message truncated"
@@ -65,11 +66,11 @@ receive_too_little()
 def test_the_rank_writes_its_mpi_error_with_class_and_line(tmp_path):
     script = tmp_path / "truncated.py"
     script.write_text(HOOKED)
-    env = {**os.environ, "TUTOR_RUN_DIR": str(tmp_path), "PYTHONPATH": ROOT}
+    env = {**os.environ, run_folder.ENV: str(tmp_path), "PYTHONPATH": ROOT}
     run = subprocess.run([launchers.python(), str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
     assert run.returncode != 0
-    line = (tmp_path / "rank0.error").read_text()
+    line = open(run_folder.rank_file(tmp_path, 0, "error")).read()
     assert line.startswith("MPI.Exception: MPI_ERR_TRUNCATE: "), line
     assert line.rstrip().endswith(f"({os.path.relpath(script, ROOT)}:7)"), line  # not mpi4py's .pyx
 

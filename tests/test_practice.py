@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from common import run_folder
 from common.runner import catalog, engine, exercise, grading, launch, practice, progress, verdict
 from common.runner.terminal import path_shown
 from conftest import FIXTURES, ROOT, torch_marks, tutor
@@ -112,11 +113,11 @@ def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, mon
     assert plan.origin[at] == ("lessons/f.py", 9)
     mine_at = launched.index("    assert x != 5, 'mine'")
     assert plan.origin[mine_at] == ("practice/f.py", mine.splitlines().index("    assert x != 5, 'mine'") + 1)
-    monkeypatch.setenv("TUTOR_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(run_folder.ENV, str(tmp_path))
     space = {}
     exec(compile(plan.text, "launched.py", "exec"), space)
-    assert space["f"](0) == 1 and sorted(os.listdir(tmp_path)) == ["ran-first"]
-    assert space["f"](1) == 4 and sorted(os.listdir(tmp_path)) == ["ran-first", "ran-second"]
+    assert space["f"](0) == 1 and run_folder.ran_regions(tmp_path) == {"first"} and len(os.listdir(tmp_path)) == 1
+    assert space["f"](1) == 4 and run_folder.ran_regions(tmp_path) == {"first", "second"}
     with pytest.raises(AssertionError) as err:  # and what a traceback says maps back to the copy
         space["f"](5)
     out = launch.Outcome(rc=1, seconds=0, errors={0: f"AssertionError: mine (launched.py:{mine_at + 1})"},

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from common import bootstrap, timing
+from common import bootstrap, run_folder, timing
 from common.runner import catalog, launch, launchers, preflight, verdict
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
@@ -297,7 +297,7 @@ def test_on_bad_flags_the_other_ranks_leave_only_after_rank_0_said_why(tmp_path)
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from common import bootstrap; "
             "p = bootstrap.LessonParser(prog='x'); p.add_argument('--count', type=int); "
             "p.parse_args(['--count', 'many'])")
-    env = {**os.environ, "TUTOR_RUN_DIR": str(tmp_path), "PMI_RANK": "1"}
+    env = {**os.environ, run_folder.ENV: str(tmp_path), "PMI_RANK": "1"}
     other = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)
     assert other.poll() is None, "rank 1 left before rank 0 said why"

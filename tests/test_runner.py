@@ -8,6 +8,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from common import run_folder
 from common.runner import catalog, checktable, engine, launch, verdict
 from conftest import FIXTURES, ROOT, dollar_line, processes_running
 
@@ -271,7 +272,7 @@ def test_the_still_running_line_tells_starting_and_working_from_stuck(tmp_path):
     assert "starting up (imports, joining the world): 0 of 2 ranks" in said[-1] and "deadlock" not in said[-1]
     wait(10.0)  # still starting: not said again
     assert said[-1].endswith("still running after 10 s of 90, as above"), said
-    recs = [flight.Recorder(r, str(tmp_path / f"rank{r}.flight")) for r in range(2)]
+    recs = [flight.Recorder(r, run_folder.rank_file(tmp_path, r, "flight")) for r in range(2)]
     slots = [rec.begin("all_reduce", "coll") for rec in recs]
     wait(20.0)  # the records just moved: both ranks are inside a call, but not for long
     assert "working" in said[-1] and "deadlock" not in said[-1], said

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from common import sanitize
+from common import run_folder, sanitize
 from conftest import FIXTURES, ROOT
 
 PLANTED = os.path.join(FIXTURES, "sanitize_planted.py")
@@ -167,7 +167,7 @@ def run(args, tmp_path, timeout=120, env=None):
 def test_every_planted_hazard_is_named_by_its_line_in_every_seeded_run(api, tmp_path):
     out = tmp_path / "runs.json"
     proc = run([PLANTED, "--api", api, "--runs", str(RUNS), "--json", str(out)], tmp_path,
-               timeout=240 if api == "torch" else 120, env={"TUTOR_RUN_DIR": str(tmp_path)})
+               timeout=240 if api == "torch" else 120, env={run_folder.ENV: str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     for rank in json.loads(out.read_text())["ranks"]:
         runs, want = rank["runs"], expected(api, rank["rank"])

@@ -4,6 +4,7 @@ import os
 import re
 import shlex
 
+from common import run_folder
 from common.runner import expect, flightwatch, grading, launch, launchers
 from common.runner.catalog import ROOT
 from common.runner.diagnose import stuck, where
@@ -24,8 +25,8 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
     cmd, env, launched = line(launch.command(script or lesson.path, np, args)), launchers.world_env(np), []
     if plan:  # the graded text goes in the run folder; common/ is found through PYTHONPATH
         def cmd(run_dir):
-            os.mkdir(os.path.join(run_dir, "mine"))
-            launched.append(os.path.join(run_dir, "mine", os.path.basename(lesson.path)))
+            os.mkdir(run_folder.mine(run_dir))
+            launched.append(os.path.join(run_folder.mine(run_dir), os.path.basename(lesson.path)))
             with open(launched[0], "w") as f:
                 f.write(plan.text)
             return line(launch.command(launched[0], np, args))

@@ -12,29 +12,27 @@ import re
 import stat
 import types
 
-from common import flight
+from common import flight, run_folder
 from common.runner.diagnose import diagnose, stuck
 
 
 def read(run_dir):
     snap = {}
-    for name in os.listdir(run_dir):
-        m = re.match(r"rank(\d+)\.flight$", name)
-        if m:
-            try:
-                with open(os.path.join(run_dir, name), "rb") as f:
-                    head, entries = flight.parse(f.read())
-            except OSError:
-                continue
-            if head:
-                snap[int(m.group(1))] = (head, entries)
+    for rank, path in run_folder.rank_files(run_dir, "flight").items():
+        try:
+            with open(path, "rb") as f:
+                head, entries = flight.parse(f.read())
+        except OSError:
+            continue
+        if head:
+            snap[rank] = (head, entries)
     return snap
 
 
 def planted(run_dir):
     """What a lesson that breaks on purpose says it broke (planted.json), or None."""
     try:
-        with open(os.path.join(run_dir, "planted.json")) as f:
+        with open(run_folder.planted(run_dir)) as f:
             plan = json.load(f)
     except (OSError, ValueError):
         return None

@@ -15,18 +15,18 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from common import run_folder
 from common.runner.catalog import ROOT
 from common.runner.exercise import PracticeError, find_regions, stub_body
 from common.runner.terminal import path_shown
 
-RAN = "ran-"  # run-folder files a region's first run leaves: ran-NAME
-
 
 def recorder(indent, name):
-    """One statement, on the marker's own line, that leaves RAN+name in the run folder once per process."""
+    """One statement, on the marker's own line, that leaves ran-NAME (run_folder.ran) in the run folder
+    once per process; it imports nothing of the kit's."""
     seen, os_ = '__import__("sys").__dict__.setdefault("_tutor_ran", set())', '__import__("os")'
     return (f"{indent}if {name!r} not in {seen}: {seen}.add({name!r}); open({os_}.path.join("
-            f'{os_}.environ["TUTOR_RUN_DIR"], "{RAN}{name}"), "a").close()  # >>> exercise: {name}\n')
+            f'{os_}.environ["{run_folder.ENV}"], "{run_folder.RAN}{name}"), "a").close()  # >>> exercise: {name}\n')
 
 
 @dataclass

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from common import world
+from common import run_folder
 from common.runner import flightwatch, lifetime
 from common.runner.launchers import LaunchError, flavour, mpiexec, python
 from common.runner.catalog import ROOT
@@ -87,16 +87,16 @@ def run(cmd, timeout, echo=True, env=None, tick=None):
 
 def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     cmd = cmd(run_dir) if callable(cmd) else cmd
-    results_path = os.path.join(run_dir, "results.json")
+    results_path = run_folder.results(run_dir)
     # one BLAS / OpenMP thread per rank unless the learner set a number: N ranks that each start a thread
     # per core spin against each other (a 32x256 @ 256x256 matmul took 19x as long at NP 4 on 2 cores)
     threads = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     # the launcher's and the ranks' temp files go in the run folder, removed with it. Open MPI keeps its
     # session in $TMPDIR/ompi.<launcher pid>; one a killed run left behind makes a later launcher that
     # gets the same pid fail at start ("The PMIx server's listener thread failed to start", exit 213)
-    scratch = os.path.join(run_dir, "tmp")
+    scratch = run_folder.scratch(run_dir)
     os.mkdir(scratch)
-    env = {**threads, **os.environ, **(env or {}), "TUTOR_RUN_DIR": run_dir, "TMPDIR": scratch,
+    env = {**threads, **os.environ, **(env or {}), run_folder.ENV: run_dir, "TMPDIR": scratch,
            "TUTOR_RESULTS": results_path, "PYTHONUNBUFFERED": "1"}
     out = Outcome(rc=0, seconds=0.0, limit=timeout)
     watch, polled, early = flightwatch.Watch(run_dir), 0.0, False
@@ -146,12 +146,12 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     out.pids = rank_pids(run_dir)
     out.held = {**held_stderr(run_dir), **out.held}
     watch.finish(out, len(out.pids))
-    out.ran = {name[4:] for name in os.listdir(run_dir) if name.startswith("ran-")}
-    if os.path.exists(os.path.join(run_dir, world.MARK)):  # a process found itself in the wrong world
-        with open(os.path.join(run_dir, world.MARK)) as f:
+    out.ran = run_folder.ran_regions(run_dir)
+    if os.path.exists(run_folder.wrong_world(run_dir)):  # a process found itself in the wrong world
+        with open(run_folder.wrong_world(run_dir)) as f:
             out.wrong_world = f.read().strip() or "wrong world: the ranks were not one world of -n"
-    if os.path.exists(os.path.join(run_dir, "blocked")):  # the lesson found no GPU per rank
-        with open(os.path.join(run_dir, "blocked")) as f:
+    if os.path.exists(run_folder.blocked(run_dir)):  # the lesson found no GPU per rank
+        with open(run_folder.blocked(run_dir)) as f:
             out.blocked = f.read().strip() or "what the run needs is missing here"
     if os.path.exists(results_path) and not (out.timed_out or out.interrupted):
         try:
@@ -172,16 +172,14 @@ def held_stderr(run_dir):
     """{"rank R": text} of what a planted fault's ranks wrote to stderr (rankR.stderr, lesson 14 puts
     it there): the library's error stack, tracebacks, said in one line under the diagnosis instead."""
     held = {}
-    for name in sorted(os.listdir(run_dir), key=lambda n: (len(n), n)):
-        m = re.fullmatch(r"rank(\d+)\.stderr", name)
-        if m:
-            try:
-                with open(os.path.join(run_dir, name), "rb") as f:
-                    text = f.read(1 << 20).decode(errors="replace").replace("\x00", "")
-            except OSError:
-                continue
-            if text.strip():
-                held[f"rank {m[1]}"] = text
+    for rank, path in run_folder.rank_files(run_dir, "stderr").items():
+        try:
+            with open(path, "rb") as f:
+                text = f.read(1 << 20).decode(errors="replace").replace("\x00", "")
+        except OSError:
+            continue
+        if text.strip():
+            held[f"rank {rank}"] = text
     return held
 
 
@@ -206,7 +204,7 @@ def _pump(stream, out, echo, run_dir=None):
         codes = False
         out.tail.append(line.rstrip("\n"))
         del out.tail[:-200]
-        if not banner and run_dir and _BANNER.match(line) and os.path.exists(os.path.join(run_dir, "planted.json")):
+        if not banner and run_dir and _BANNER.match(line) and os.path.exists(run_folder.planted(run_dir)):
             out.held["mpiexec"] = banner
         if out.held.get("mpiexec") is banner:  # said in one line under the diagnosis (flightwatch.ending)
             banner.append(line.rstrip("\n"))

@@ -1,7 +1,7 @@
 """The runner's half of the watchdog: what the ranks left in the run folder, and ending them all.
 
 Each rank (common/watchdog.py) writes rankR.pid, dumps its stack to rankR.stack on SIGUSR1 and its
-uncaught error to rankR.error, all in $TUTOR_RUN_DIR. Ranks run in sessions of their own (MPICH's
+uncaught error to rankR.error, all in the run folder (common/run_folder.py). Ranks run in sessions of their own (MPICH's
 hydra calls setsid), so killing mpiexec's process group is not enough: end_tree also ends mpiexec's
 descendants and every rank whose environment names this run's folder.
 """
@@ -10,6 +10,7 @@ import re
 import signal
 import time
 
+from common import run_folder
 from common.runner.catalog import ROOT
 
 
@@ -28,22 +29,20 @@ def descendants(pid):
     return found
 
 
-def _per_rank(run_dir, suffix):
-    """{rank: text} of the run folder's rankR<suffix> files (one a rank is still writing is skipped)."""
+def _per_rank(run_dir, kind):
+    """{rank: text} of the run folder's rankR.KIND files (one a rank is still writing is skipped)."""
     found = {}
-    for name in os.listdir(run_dir):
-        m = re.match(rf"rank(\d+){re.escape(suffix)}$", name)
-        if m:
-            try:
-                with open(os.path.join(run_dir, name)) as f:
-                    found[int(m.group(1))] = f.read().strip()
-            except OSError:
-                pass
+    for rank, path in run_folder.rank_files(run_dir, kind).items():
+        try:
+            with open(path) as f:
+                found[rank] = f.read().strip()
+        except OSError:
+            pass
     return found
 
 
 def rank_pids(run_dir):
-    return {r: int(t) for r, t in _per_rank(run_dir, ".pid").items() if t.isdigit()}
+    return {r: int(t) for r, t in _per_rank(run_dir, "pid").items() if t.isdigit()}
 
 
 def dump_stacks(pid, run_dir, wait=3.0):
@@ -57,7 +56,7 @@ def dump_stacks(pid, run_dir, wait=3.0):
     while time.monotonic() < deadline and len(stacks) < len(ranks):
         time.sleep(0.1)
         for rank in ranks:
-            path = os.path.join(run_dir, f"rank{rank}.stack")
+            path = run_folder.rank_file(run_dir, rank, "stack")
             frames = parse_stack(open(path).read()) if os.path.exists(path) else []
             if frames:
                 stacks[rank] = frames
@@ -88,7 +87,7 @@ def blocked_at(frames):
 
 
 def read_errors(run_dir):
-    return _per_rank(run_dir, ".error")
+    return _per_rank(run_dir, "error")
 
 
 def _signal(pid, sig):
@@ -102,7 +101,7 @@ def _ours(pid, run_dir):
     """True if process `pid` is a rank of this run (its environment names our run folder)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"TUTOR_RUN_DIR={run_dir}".encode() in f.read().split(b"\0")
+            return f"{run_folder.ENV}={run_dir}".encode() in f.read().split(b"\0")
     except OSError:
         return False
 
