@@ -1,2 +1,3 @@
-"""What lessons use: bootstrap, report, buffers, p2p, shards, bandwidth, timing, counting, devices,
-watchdog. The runner's own modules live in common/runner/ (imported by bin/tutor and the tests only)."""
+"""What lessons use: bootstrap, report, text, buffers, p2p, shards, bandwidth, timing, counting, flight, ...
+What runs under every rank and no lesson calls lives in common/plumbing/; the runner's own modules in
+common/runner/ (imported by bin/tutor and the tests only)."""

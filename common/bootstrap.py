@@ -15,7 +15,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from common import devices, flight, network, run_folder, teardown, watchdog, world
+from common import flight
+from common.plumbing import devices, network, run_folder, teardown, watchdog, world
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -97,7 +98,7 @@ def lesson_parser(file, doc):
                    help="write the results JSON here (the runner sets this)")
     p.add_argument("--debug-collectives", action="store_true",
                    help="before each collective the ranks compare its fingerprint, and stop at the "
-                        "first mismatch instead of hanging (common/collcheck.py)")
+                        "first mismatch instead of hanging (common/plumbing/collcheck.py)")
     p.add_argument("--sanitize", action="store_true", default=os.environ.get("TUTOR_SANITIZE") in ("1", "buffers"),
                    help="non-blocking hazards fail every time, naming the line: sends taken late and "
                         "checksummed, receives poisoned until their wait (common/sanitize.py)")
@@ -180,7 +181,7 @@ def start(file, parser, argv=None, uses_torch=False, outputs=None):
     ctx.transport = devices.TRANSPORT[(args.api, device)]
     check = None
     if args.debug_collectives:  # collective: every rank duplicates the world for the fingerprints
-        from common import collcheck
+        from common.plumbing import collcheck
         check = collcheck.Checker(comm)
     flight.install(ctx.rank, gpu=device == "gpu", check=check)  # every call through common/ is recorded
     if args.api == "torch":
@@ -219,7 +220,7 @@ def choose_gpu(ctx, args, local, uses_torch):
 
 def store_host(ctx):
     """(where rank 0's TCPStore listens, this rank's interface for gloo, error line or None): loopback
-    on one node; across nodes an address every node reaches, found without DNS (common/network.py).
+    on one node; across nodes an address every node reaches, found without DNS (common/plumbing/network.py).
     Collective."""
     return network.plan(ctx.comm, ctx.single_node)
 
@@ -257,7 +258,7 @@ def init_torch(ctx):
         # TORCH_WARN_ONCE, past Python's warnings filter: ProcessGroupNCCL reads this variable when the
         # group is made. A learner's own setting stands.
         os.environ.setdefault("TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING", "0")
-    teardown.register()  # before the group exists: common/teardown.py ends it at exit, in order
+    teardown.register()  # before the group exists: common/plumbing/teardown.py ends it at exit, in order
     dist.init_process_group("nccl" if ctx.device == "gpu" else "gloo", store=store,
                             rank=ctx.rank, world_size=ctx.world_size, **kwargs)
     ctx.store_addr = addr
@@ -288,7 +289,8 @@ def nccl_comm(comm, log=None):
 def unwritable(args, outputs):
     """'--csv r.csv: exists and is not a CSV the tutor wrote; left alone' for the first of the file
     flags given whose path cannot take a new file, or None. outputs: {flag: "CSV" or "PNG"}."""
-    from common import guard, plot
+    from common import plot
+    from common.plumbing import guard
     for flag, kind in outputs.items():
         path = getattr(args, flag.lstrip("-").replace("-", "_"))
         problem = path and (plot.cannot_write(path) if kind == "PNG" else guard.refusal(path, kind))

@@ -28,7 +28,8 @@ Measured (written() around one call, N = 3, a 12 MiB float32 buffer): reduce_sca
 """
 import types
 
-from common import buffers, recorded, timing
+from common import buffers, timing
+from common.plumbing import recorded
 
 # the library's all-reduce, in its own words, by transport: what a hand-made all-reduce races against
 ALLREDUCE_NAME = {"mpi": "MPI_Allreduce", "gloo": "gloo all_reduce", "nccl": "ncclAllReduce"}
@@ -220,7 +221,7 @@ def torch_library(ctx):
 
 
 def library(ctx):
-    """The ctx's library, each call recorded by this rank's flight recorder (common/recorded.py)."""
+    """The ctx's library, each call recorded by this rank's flight recorder (common/plumbing/recorded.py)."""
     if ctx.api == "torch":
         return recorded.wrap(torch_library(ctx))
     return recorded.wrap(nccl_library(ctx) if ctx.device == "gpu" else mpi_library(ctx))

@@ -3,7 +3,7 @@
     rec = flight.get()                          # this process's recorder (bootstrap.start made it)
     with rec.call("all_reduce", buf, comm="world"):
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    be = recorded.wrap(backend)                 # common/recorded.py: p2p.backend() and
+    be = recorded.wrap(backend)                 # common/plumbing/recorded.py: p2p.backend() and
                                                 # collectives.library() do this
 
 Each call is one fixed-size slot of a ring (SLOTS of them) in $TUTOR_RUN_DIR/rankR.flight, written in
@@ -16,7 +16,7 @@ recorder says what the GPU sees instead: scheduled, started (only with TORCH_NCC
 completed. The header counts every write, so a reader sees whether a rank's record still moves.
 Without a run folder the same ring lives in memory (the lesson can still read itself: entries()).
 common/runner/flightwatch.py reads the files, common/runner/diagnose.py names the first divergence;
-common/collcheck.py is --debug-collectives.
+common/plumbing/collcheck.py is --debug-collectives.
 """
 import errno
 import json
@@ -26,13 +26,14 @@ import struct
 import sys
 import time
 
-from common import run_folder
+from common.plumbing import run_folder
 
 SLOTS = 64
 HEAD = struct.Struct("<4sIqqdd")        # magic, rank, pid, writes, time of the last write, spare
 SLOT = struct.Struct("<qqiiBB6xdd16s8s24s24s24s")  # seq, count, root, tag, kind, state, t0, t1, op,
 KINDS, STATES = ("", "coll", "p2p", "loop"), ("", "started", "enqueued", "completed")  # dtype, comm, peers, site
-HOME = os.path.dirname(os.path.abspath(__file__))  # a call's site is the first frame outside common/
+HOME = os.path.dirname(os.path.abspath(__file__))
+KIT = (HOME, os.path.join(HOME, "plumbing"))  # a call's site is the first frame outside these two folders
 MAGIC = b"FLT1"
 _WRITES, _STATE, _TIME = struct.Struct("<qd"), struct.Struct("<B"), struct.Struct("<d")  # in-place parts
 SIZE = HEAD.size + SLOTS * SLOT.size
@@ -183,7 +184,7 @@ def _site():
         name = f.f_code.co_filename
         short = _FILES.get(name)
         if short is None:
-            short = _FILES[name] = "" if os.path.dirname(name) == HOME else os.path.basename(name)
+            short = _FILES[name] = "" if os.path.dirname(name) in KIT else os.path.basename(name)
         if short:
             return f"{short}:{f.f_lineno}".encode()
         f = f.f_back

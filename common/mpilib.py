@@ -6,11 +6,13 @@ rendezvous, progress, settings, the algorithm it picks) is said of the library t
                               from MPICH but have settings and defaults of their own: "other")
     lib.name                  "MPICH 5.0.2", "Open MPI 5.0.11", or the library's first line, cleaned
     mpilib.moves_large(lib)   where a started large message moves on it, in a few words
+    mpilib.mpi_classes()      {error class: "MPI_ERR_..."}, to name an mpi4py error by its class
 
 Get_library_version() is the library's own text: several lines for MPICH, one long line ending in a
 NUL for Open MPI 5. A name printed from it is one line, printable, within 100 columns.
 """
 import re
+import sys
 from dataclasses import dataclass
 
 from common.text import WIDTH
@@ -49,6 +51,15 @@ def parse(text):
 def current():
     from mpi4py import MPI
     return parse(MPI.Get_library_version())
+
+
+def mpi_classes():
+    """{error class: 'MPI_ERR_...'} of the MPI library mpi4py runs on ({} before mpi4py is imported)."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None:
+        return {}
+    return {getattr(MPI, k): "MPI_" + k for k in sorted(dir(MPI), reverse=True)  # first name wins a tie
+            if k.startswith("ERR_") and k != "ERR_LASTCODE" and isinstance(getattr(MPI, k), int)}
 
 
 def moves_large(lib, progress_thread=False):

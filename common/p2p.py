@@ -27,7 +27,8 @@ sizes; messages between the same two ranks match in the order they are posted (N
 import functools
 import types
 
-from common import buffers, recorded, timing
+from common import buffers, timing
+from common.plumbing import recorded
 
 
 def _has(buf):
@@ -141,7 +142,7 @@ def torch_backend(ctx):
 
 
 def backend(ctx):
-    """The ctx's backend, each call recorded by this rank's flight recorder (common/recorded.py)."""
+    """The ctx's backend, each call recorded by this rank's flight recorder (common/plumbing/recorded.py)."""
     if ctx.api == "torch":
         return recorded.wrap(torch_backend(ctx))
     return recorded.wrap(nccl_backend(ctx) if ctx.device == "gpu" else mpi_backend(ctx))

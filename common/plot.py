@@ -15,7 +15,7 @@ picture never pays for it.
 import importlib.util
 import os
 
-from common import guard
+from common.plumbing import guard
 
 CELL_W, CELL_H = 0.55, 0.42        # inches per step and per rank in a schedule picture
 DPI = 100
@@ -34,7 +34,7 @@ def file_format(path):
 
 def cannot_write(path):
     """Why a picture cannot be written at `path` (a suffix no format here has, no folder, a file the kit
-    did not write: common/guard.py, no matplotlib), or None. Cheap: imports nothing."""
+    did not write: common/plumbing/guard.py, no matplotlib), or None. Cheap: imports nothing."""
     problem = guard.refusal(path, "PNG")  # first: a file the kit did not write is the news
     if problem:
         return problem

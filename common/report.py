@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 
-from common import guard
+from common.plumbing import guard
 from common.text import plain_marks
 
 plain_marks(sys.stdout, sys.stderr)  # a rank whose terminal cannot print a mark writes a look-alike
@@ -154,7 +154,7 @@ def atomic_write(path, text):
 
 
 def write_json(path, doc):
-    """The results JSON: into the run folder the runner made, or through the guard (common/guard.py)
+    """The results JSON: into the run folder the runner made, or through the guard (common/plumbing/guard.py)
     when a lesson run by hand is given --json: never over a file the kit did not write."""
     text = json.dumps(doc, indent=1, default=_plain) + "\n"
     if path == os.environ.get("TUTOR_RESULTS"):
@@ -165,7 +165,7 @@ def write_json(path, doc):
 
 def write_csv(path, rows):
     """Rows (dicts with the same keys) as CSV with a header line, written atomically through the guard
-    (common/guard.py: never over a file the kit did not write; guard.Refused says why)."""
+    (common/plumbing/guard.py: never over a file the kit did not write; guard.Refused says why)."""
     import csv
     import io
     text = io.StringIO()

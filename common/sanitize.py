@@ -4,7 +4,7 @@
     with sanitize.using(sanitize.Sanitizer(strict=False)) as san:   # a lesson that plants hazards
         ...; san.reports                                             # collects instead of raising
 
-The calls it wraps are common/sanitize_calls.py's (mpi4py's Isend / Issend / Irecv / Send / Ssend / Recv
+The calls it wraps are common/plumbing/sanitize_calls.py's (mpi4py's Isend / Issend / Irecv / Send / Ssend / Recv
 on ctx.comm; torch's isend, irecv, send, recv and batch_isend_irecv, which p2p.start uses). What a
 sanitized call gets (host buffers only):
   NCCL's order (on for --sanitize; Sanitizer(order=True) elsewhere): the rank's calls run on one
@@ -44,9 +44,10 @@ import zlib
 
 import numpy as np
 
-from common import flight, run_folder
+from common import flight
+from common.plumbing import run_folder
 
-HOME = os.path.dirname(os.path.abspath(__file__))
+KIT = flight.KIT  # common/ and common/plumbing/: the kit's frames, never a learner's
 LIBS = tuple(sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}))
 POISON_BYTE = 0xA5
 _KEPT = []         # what requests never waited hold, kept for the process's life
@@ -65,7 +66,7 @@ def _user(name):
     mine = _USER.get(name)
     if mine is None:
         real = os.path.realpath(name)
-        mine = _USER[name] = not (name.startswith("<") or os.path.dirname(real) == HOME
+        mine = _USER[name] = not (name.startswith("<") or os.path.dirname(real) in KIT
                                   or real.startswith(LIBS) or "site-packages" in real)
     return mine
 
@@ -518,14 +519,14 @@ def _records_cycle(run_dir, rank):
 
 
 def comm(c):
-    from common import sanitize_calls
+    from common.plumbing import sanitize_calls
     return sanitize_calls.comm(c)
 
 
 def patch_torch(world=None):
-    """torch.distributed's point-to-point calls sanitized (common/sanitize_calls.py). Collective over
+    """torch.distributed's point-to-point calls sanitized (common/plumbing/sanitize_calls.py). Collective over
     `world` (default: the MPI world), whose duplicate carries NCCL's order's tokens."""
-    from common import sanitize_calls
+    from common.plumbing import sanitize_calls
     if world is None:
         from mpi4py import MPI
         world = MPI.COMM_WORLD

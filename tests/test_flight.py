@@ -5,7 +5,8 @@ import types
 import numpy as np
 import pytest
 
-from common import flight, recorded, run_folder
+from common import flight
+from common.plumbing import recorded, run_folder
 from common.runner import diagnose
 
 

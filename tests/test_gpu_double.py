@@ -169,7 +169,7 @@ report(err=failure(lambda: nccl_comm().allReduce(x.data.ptr, x.data.ptr, 4 / 2, 
 def test_an_unloadable_real_module_is_an_import_error_in_one_line(tmp_path):
     proc, _ = start(tmp_path, "", 0, {"TUTOR_GPU_DOUBLE_LIBNCCL": str(tmp_path / "missing.so")})
     _, err = proc.communicate(timeout=60)  # the prelude imports cupy.cuda.nccl
-    code = "from common import devices; print(devices.gpu_ready('mpi4py', 1, (8, '')))"
+    code = "from common.plumbing import devices; print(devices.gpu_ready('mpi4py', 1, (8, '')))"
     broken = {**os.environ, **env(tmp_path), "TUTOR_GPU_DOUBLE_LIBNCCL": "/no/libnccl.so.2"}
     probe = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=broken)
     assert proc.returncode != 0
@@ -451,7 +451,7 @@ report(half_sum=int(x[0]), nccl_rank=comm.rank_id(), nccl_size=comm.size(), devi
 def test_devices_memory_and_the_readiness_probe(tmp_path):
     [row] = mpi(tmp_path, '''
 import os, subprocess
-from common import devices
+from common.plumbing import devices
 rt = cupy.cuda.runtime
 def visible(cvd):
     if cvd is None:

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from common import devices, timing
+from common import timing
+from common.plumbing import devices
 from common.runner import doctor, launchers
 from conftest import ROOT, TUTOR
 

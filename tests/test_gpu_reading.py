@@ -145,7 +145,7 @@ def mig_torch(monkeypatch):
 
 
 def test_two_ranks_on_slices_of_one_gpu_get_the_kits_refusal_on_torch(monkeypatch):
-    from common import devices
+    from common.plumbing import devices
     mig_torch(monkeypatch)
     ids = []
     for uuid in ("MIG-5c1f8e2a-0000-0000-0000-000000000001", "MIG-5c1f8e2a-0000-0000-0000-000000000002"):
@@ -174,7 +174,7 @@ def test_two_ranks_on_slices_of_one_gpu_get_the_kits_refusal_on_torch(monkeypatc
     ("550.54.15", None, None),
 ])
 def test_the_driver_gap_names_the_minimum_and_the_way_out(found, wheels, said):
-    from common import driver
+    from common.plumbing import driver
     assert driver.gap(found, wheels) == said
 
 
@@ -189,7 +189,7 @@ def test_the_cuda_major_is_read_from_the_installed_wheels(monkeypatch, installed
     import importlib.metadata
     import types
 
-    from common import driver
+    from common.plumbing import driver
     monkeypatch.setattr(importlib.metadata, "distributions", lambda: [
         types.SimpleNamespace(metadata={"Name": name}, version=version) for name, version in installed])
     assert driver.cuda_wheels() == want
@@ -205,7 +205,7 @@ def hello_on_old_driver(tmp_path, device):
 def old_driver_row():
     """What the kit says of R550 against the CUDA wheels this Python holds: their names differ by machine
     (CI's venv: cupy-cuda13x alone; a GPU node's image adds cuda-toolkit and torch+cu130), the rest not."""
-    from common import driver
+    from common.plumbing import driver
     row = driver.gap("550.54.15", driver.cuda_wheels()) or ""
     assert re.fullmatch(r"NVIDIA driver 550\.54\.15 is older than the 580\.65\.06 that CUDA 13 \([a-z0-9, .-]+\) "
                         r"needs: update it, or set TUTOR_PYTHON to a Python with the site's CUDA 12 torch and CuPy",
@@ -256,7 +256,7 @@ def test_doctor_shows_the_driver_and_the_minimum_the_wheels_need(tmp_path):
     (0, None, "none here; CUDA 13 (cupy-cuda13x) needs 580.65.06 or newer"),
 ])
 def test_doctor_shows_a_new_enough_driver_beside_the_minimum(monkeypatch, capsys, gpus, found, row):
-    from common import driver
+    from common.plumbing import driver
     from common.runner import doctor
     monkeypatch.setattr(driver, "version", lambda: found)
     monkeypatch.setattr(driver, "cuda_wheels", lambda: (13, ["cupy-cuda13x"]))
@@ -332,7 +332,7 @@ def test_the_torch_probe_on_an_old_driver_is_quiet_and_says_what_to_do(monkeypat
     import types
     import warnings
 
-    from common import devices
+    from common.plumbing import devices
 
     def too_old():
         warnings.warn("CUDA initialization: The NVIDIA driver on your system is too old (found version 12040)")

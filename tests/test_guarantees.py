@@ -266,7 +266,7 @@ def test_an_error_before_mpi_is_named_with_its_file_and_line():
 
 
 def test_watchdog_writes_mpi_errors_as_such(tmp_path, monkeypatch):
-    from common import run_folder, watchdog
+    from common.plumbing import run_folder, watchdog
     monkeypatch.setenv(run_folder.ENV, str(tmp_path))
     error = run_folder.rank_file(tmp_path, 3, "error")
     monkeypatch.setattr(sys, "excepthook", lambda *a: None)

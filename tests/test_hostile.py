@@ -17,7 +17,8 @@ import uuid
 
 import pytest
 
-from common import flight, guard, plot, report, run_folder
+from common import flight, plot, report
+from common.plumbing import guard, run_folder
 from conftest import FIXTURES, ROOT, TUTOR, end_marked, processes_running, tutor
 from test_practice import PRACTICE_FIXTURES
 from test_robust import one_line_error
@@ -420,7 +421,7 @@ def test_progress_that_cannot_be_saved_is_one_line_for_every_caller(tmp_path, mo
 
 @namespaced
 def test_an_output_flag_with_a_full_state_folder_leaves_no_temp_file_there(tmp_path):
-    """The ledger of written files (common/guard.py) could not be written: the file itself was, and
+    """The ledger of written files (common/plumbing/guard.py) could not be written: the file itself was, and
     nothing of the ledger's temp file may stay behind (issue 38 L2)."""
     d = tmp_path / "state"
     d.mkdir()

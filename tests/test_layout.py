@@ -1,4 +1,5 @@
-"""The house: lessons and the modules they use never import the runner's package (common/runner/)."""
+"""The house: lessons and the modules they use never import the runner's package (common/runner/), and
+no lesson calls the plumbing under every rank (common/plumbing/)."""
 import ast
 import glob
 import os
@@ -17,10 +18,21 @@ def imports(path):
 
 
 def test_arrows_point_one_way_from_the_runner_to_what_lessons_use():
-    lesson_side = glob.glob(os.path.join(ROOT, "common", "*.py")) + glob.glob(os.path.join(ROOT, "lessons", "*.py"))
+    lesson_side = [*glob.glob(os.path.join(ROOT, "common", "*.py")),
+                   *glob.glob(os.path.join(ROOT, "common", "plumbing", "*.py")),
+                   *glob.glob(os.path.join(ROOT, "lessons", "**", "*.py"), recursive=True)]
     wrong = [f"{os.path.relpath(p, ROOT)} imports {mod}" for p in lesson_side for mod, names in imports(p)
              if mod.startswith("common.runner") or (mod == "common" and "runner" in names)]
     assert len(lesson_side) > 10 and not wrong, wrong
+
+
+def test_no_lesson_calls_the_plumbing():
+    """common/plumbing/ runs under every rank for the kit; a learner sent into common/ from a page never
+    needs it, so no page and no lesson's own module imports it."""
+    pages = glob.glob(os.path.join(ROOT, "lessons", "**", "*.py"), recursive=True)
+    wrong = [f"{os.path.relpath(p, ROOT)} imports {mod}" for p in pages for mod, names in imports(p)
+             if mod.startswith("common.plumbing") or (mod == "common" and "plumbing" in names)]
+    assert len(pages) > 17 and not wrong, wrong
 
 
 def test_the_readme_opens_with_the_way_in_and_keeps_environments_below_it():
@@ -58,7 +70,7 @@ def layout_block():
 
 def test_the_readme_layout_names_every_module_of_common_and_the_runner():
     named = layout_block()
-    for folder in ("common/", "common/runner/"):
+    for folder in ("common/", "common/plumbing/", "common/runner/"):
         there = {f for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".py") and f != "__init__.py"}
         assert named.get(folder) == there, (f"README's Layout, {folder}: missing {sorted(there - named[folder])}, "
                                             f"not in the tree {sorted(named[folder] - there)}")

@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from common import devices
+from common.plumbing import devices
 from common.runner import catalog, checktable, engine, verdict
 from conftest import ROOT, TORCH_LESSONS, torch_marks, tutor
 

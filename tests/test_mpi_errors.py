@@ -11,7 +11,7 @@ import os
 import subprocess
 
 from conftest import ROOT
-from common import run_folder
+from common.plumbing import run_folder
 from common.runner import launch, launchers, verdict
 
 TRUNC = "MPI.Exception: MPI_ERR_TRUNCATE: message truncated"
@@ -55,7 +55,7 @@ def test_open_mpi_report_wrapped_anywhere_names_its_own_launcher():
 HOOKED = r'''
 import os, sys
 from mpi4py import MPI
-from common import watchdog
+from common.plumbing import watchdog
 watchdog.install(0)
 def receive_too_little():
     raise MPI.Exception(MPI.ERR_TRUNCATE)

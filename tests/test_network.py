@@ -1,8 +1,8 @@
-"""Unit: which address of rank 0 the other nodes reach, and the interface gloo takes (common/network.py),
+"""Unit: which address of rank 0 the other nodes reach, and the interface gloo takes (common/plumbing/network.py),
 without DNS. The two-node runs themselves are in test_two_nodes.py."""
 import pytest
 
-from common import network
+from common.plumbing import network
 
 LO = ("lo", "127.0.0.1", 8)
 DOCKER = ("docker0", "172.17.0.1", 16)  # the same address on every node: it reaches no other node

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from common import run_folder
+from common.plumbing import run_folder
 from common.runner import catalog, engine, exercise, grading, launch, practice, progress, verdict
 from common.runner.terminal import path_shown
 from conftest import FIXTURES, ROOT, torch_marks, tutor

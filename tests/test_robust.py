@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from common import bootstrap, run_folder, timing
+from common import bootstrap, timing
+from common.plumbing import run_folder
 from common.runner import catalog, launch, launchers, preflight, verdict
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
@@ -332,7 +333,7 @@ if ctx.rank == 0:  # one rank prints: two would interleave their lines
 def test_debug_collectives_waits_for_a_slow_rank_and_stops_a_stuck_one(tmp_path, mode):
     """A rank 2.2 s late (1.5 s was the old limit) is slow: the run passes. A rank waiting in another
     call is stuck: the run stops within a few seconds, naming where that rank waits and the script's
-    line of the collective, not common/collcheck.py."""
+    line of the collective, not common/plumbing/collcheck.py."""
     script = tmp_path / f"{mode}.py"
     script.write_text(LATE.format(root=ROOT, mode=mode, late=2.2))
     cmd = launch.command(str(script), 2, ["--api", "mpi4py", "--device", "cpu", "--debug-collectives"])

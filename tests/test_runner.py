@@ -8,7 +8,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from common import run_folder
+from common.plumbing import run_folder
 from common.runner import catalog, checktable, engine, launch, verdict
 from conftest import FIXTURES, ROOT, dollar_line, processes_running
 

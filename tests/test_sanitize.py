@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from common import run_folder, sanitize
+from common import sanitize
+from common.plumbing import run_folder
 from conftest import FIXTURES, ROOT
 
 PLANTED = os.path.join(FIXTURES, "sanitize_planted.py")

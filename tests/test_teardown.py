@@ -4,7 +4,7 @@ The abort was a gloo worker thread dropping a finished collective's tensors (whi
 after the interpreter had begun to shut down: Python ends such a thread with pthread_exit, which C++
 cannot unwind through a destructor, so std::terminate. It happened whenever the process group was
 still alive at shutdown (DDP's import of torch.distributed.nn.functional and DTensor's caches held
-it) and a worker was late. common/teardown.end_torch frees the group at exit while Python runs.
+it) and a worker was late. common/plumbing/teardown.end_torch frees the group at exit while Python runs.
 
 test_no_torch_thread_outlives_python proves the cause is gone, every time: a probe trains one DDP
 step and one fully_shard step as lessons 08 and 10 do, and at the very end of Python's exit handlers

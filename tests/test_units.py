@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from common import bootstrap, devices, report
+from common import bootstrap, report
+from common.plumbing import devices
 from common.runner import rundir
 from common.runner.catalog import ROOT
 

@@ -10,7 +10,8 @@ import sys
 import textwrap
 import time
 
-from common import devices, driver, mpilib, timing
+from common import mpilib, timing
+from common.plumbing import devices, driver
 from common.runner import launchers
 
 

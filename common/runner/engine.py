@@ -4,7 +4,7 @@ import os
 import re
 import shlex
 
-from common import run_folder
+from common.plumbing import run_folder
 from common.runner import expect, flightwatch, grading, launch, launchers
 from common.runner.catalog import ROOT
 from common.runner.diagnose import stuck, where

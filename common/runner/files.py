@@ -1,6 +1,6 @@
 """Every file the runner writes, and the rules it keeps (README, "Troubleshooting"):
 
-  run --json PATH, check --junit PATH,  checked before anything is launched (common/guard.py, the one
+  run --json PATH, check --junit PATH,  checked before anything is launched (common/plumbing/guard.py, the one
   a lesson's --csv, --plot, --trace-png guard the lessons' writers use too): the folder must exist and
                                         take a file; PATH must not be a folder, and an existing file is
                                         replaced only if empty or an earlier one of the same kind the
@@ -15,8 +15,9 @@ import os
 import tempfile
 from contextlib import contextmanager
 
-from common import guard, plot
-from common.guard import JUNIT_HEAD
+from common import plot
+from common.plumbing import guard
+from common.plumbing.guard import JUNIT_HEAD
 from common.runner.exercise import PracticeError
 from common.runner.terminal import path_shown
 
@@ -30,7 +31,7 @@ class FileError(ValueError):
 
 def check_target(path, flag, kind=None, ours=None):
     """Raise FileError (one line) unless `path` can take a new `kind` file without losing anything
-    (common/guard.py's rule: empty, or the kit's own earlier output of that kind)."""
+    (common/plumbing/guard.py's rule: empty, or the kit's own earlier output of that kind)."""
     kind = kind or KINDS.get(flag) or OUTPUTS[flag]
     problem = plot.cannot_write(path) if kind == "PNG" else guard.refusal(path, kind)
     if problem:
@@ -51,7 +52,7 @@ def lesson_outputs(extra, here=None):
     """The lesson flags after `--` with every output path (--csv, --plot, --trace-png) made absolute
     against `here` (the folder the learner typed it in: the ranks run in the project root), each vetted
     by check_target. Exact names only: a prefix may be another flag of the lesson's (05's --trace); an
-    abbreviation argparse takes is refused by the lesson's own writer (common/guard.py). FileError."""
+    abbreviation argparse takes is refused by the lesson's own writer (common/plumbing/guard.py). FileError."""
     out, args, i = [], [str(a) for a in extra], 0
     while i < len(args):
         name, eq, value = args[i].partition("=")

@@ -12,7 +12,8 @@ import re
 import stat
 import types
 
-from common import flight, run_folder
+from common import flight
+from common.plumbing import run_folder
 from common.runner.diagnose import diagnose, stuck
 
 

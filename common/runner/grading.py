@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from common import run_folder
+from common.plumbing import run_folder
 from common.runner.catalog import ROOT
 from common.runner.exercise import PracticeError, find_regions, stub_body
 from common.runner.terminal import path_shown

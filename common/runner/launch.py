@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from common import run_folder
+from common.plumbing import run_folder
 from common.runner import flightwatch, lifetime
 from common.runner.launchers import LaunchError, flavour, mpiexec, python
 from common.runner.catalog import ROOT
@@ -63,7 +63,7 @@ class Outcome:
     bad_results: str = None                      # why the results file could not be read
     blocked: str = None                          # why the lesson refused: what it needs is missing here
     ran: set = field(default_factory=set)        # exercise regions a practice run reached (grading.py)
-    wrong_world: str = None                      # the ranks were not -n ranks in one world (common/world.py)
+    wrong_world: str = None                      # the ranks were not -n ranks in one world (common/plumbing/world.py)
     diagnosis: dict = None                       # the first divergence of the ranks' flight records
     planted: dict = None                         # the fault a lesson planted on purpose (lesson 14)
     stuck: float = None                          # ended early: seconds every rank waited, nothing moving

@@ -254,7 +254,7 @@ def node_addresses(nodelist):
 
 def iface_to(addresses):
     """The one interface of this machine whose subnet holds every address given, or None."""
-    from common import network
+    from common.plumbing import network
     if not addresses:
         return None
     wanted = [ipaddress.ip_address(a) for a in addresses]
@@ -307,7 +307,7 @@ def words(launcher, program):
 
 
 def world_env(np):
-    """What the ranks need to prove their world (common/world.py): the -n asked, the launcher's MPI."""
+    """What the ranks need to prove their world (common/plumbing/world.py): the -n asked, the launcher's MPI."""
     return {"TUTOR_NP": str(np), "TUTOR_LAUNCHER": words(identify(found()[0]), found()[0])}
 
 

@@ -6,7 +6,8 @@ import os
 import sys
 import tempfile
 
-from common import devices, flight, guard, timing
+from common import flight, timing
+from common.plumbing import devices, guard
 from common.runner import files, launchers, lifetime, schema
 from common.runner.terminal import path_shown
 

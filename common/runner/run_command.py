@@ -4,7 +4,7 @@ reads the flags, prints what this says and exits with what it returns, as `check
 common/runner/checking.py."""
 import json
 
-from common import guard
+from common.plumbing import guard
 from common.runner import checktable, engine, exercise, files, launchers, practice, preflight, verdict
 from common.runner.checking import Interrupted
 from common.runner.terminal import fit

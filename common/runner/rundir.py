@@ -1,16 +1,16 @@
 """The runner's half of the watchdog: what the ranks left in the run folder, and ending them all.
 
-Each rank (common/watchdog.py) writes rankR.pid, dumps its stack to rankR.stack on SIGUSR1 and its
-uncaught error to rankR.error, all in the run folder (common/run_folder.py). Ranks run in sessions of their own (MPICH's
-hydra calls setsid), so killing mpiexec's process group is not enough: end_tree also ends mpiexec's
-descendants and every rank whose environment names this run's folder.
+Each rank (common/plumbing/watchdog.py) writes rankR.pid, dumps its stack to rankR.stack on SIGUSR1
+and its uncaught error to rankR.error, all in the run folder (common/plumbing/run_folder.py). Ranks run
+in sessions of their own (MPICH's hydra calls setsid), so killing mpiexec's process group is not enough:
+end_tree also ends mpiexec's descendants and every rank whose environment names this run's folder.
 """
 import os
 import re
 import signal
 import time
 
-from common import run_folder
+from common.plumbing import run_folder
 from common.runner.catalog import ROOT
 
 

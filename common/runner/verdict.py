@@ -159,7 +159,7 @@ def summary(verdict, head, why, width=WIDTH):
     return f"{line}: {cause if len(cause) <= room else cause[:room - 1] + '…'}"
 
 
-MPI_ERROR = "MPI.Exception:"   # how common/watchdog.py writes mpi4py's errors, then the error class
+MPI_ERROR = "MPI.Exception:"   # how common/plumbing/watchdog.py writes mpi4py's errors, then the error class
 # the classes a rank may get because a peer died or the job is being torn down; any other class (or a
 # line without one) is the rank's own call going wrong, as MPI_ERR_TRUNCATE is
 PEER_CLASSES = ("MPI_ERR_OTHER", "MPI_ERR_INTERN", "MPI_ERR_UNKNOWN", "MPI_ERR_PROC_FAILED",

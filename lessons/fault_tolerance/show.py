@@ -63,7 +63,7 @@ def how(exc):
     name = type(exc).__name__
     text = str(exc)
     if name == "Exception" and type(exc).__module__ == "mpi4py.MPI":
-        from common.watchdog import mpi_classes
+        from common.mpilib import mpi_classes
         return mpi_classes().get(exc.Get_error_class(), "MPI error")
     for said in ("Connection closed by peer", "Read error", "Connection reset", "Timed out", "timed out"):
         if said in text:

@@ -19,7 +19,8 @@ import types
 
 import numpy as np
 
-from common import flight, run_folder
+from common import flight
+from common.plumbing import run_folder
 
 WAIT_S = 1.5        # how often an absent rank's record is read: one waiting elsewhere stops the run then
 ALONE_WAIT_S = 30.0  # with no record to read, the wait before a rank that has not come is called stuck
@@ -117,7 +118,7 @@ def at_call(message):
     name it, not this file. The frames between stay above it, as Python prints them."""
     exc = CollectiveMismatch(message)
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == flight.HOME:
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) in flight.KIT:
         f = f.f_back
     if f is not None:
         exc.__traceback__ = types.TracebackType(None, f, f.f_lasti, f.f_lineno)

@@ -8,7 +8,8 @@ variables (PMI_SIZE: hydra, Intel MPI, srun's PMI; OMPI_COMM_WORLD_SIZE: Open MP
 import os
 import sys
 
-from common import mpilib, run_folder
+from common import mpilib
+from common.plumbing import run_folder
 
 SIZE_VARS = ("TUTOR_NP", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import warnings
 
-from common import driver
+from common.plumbing import driver
 
 APIS = ("mpi4py", "torch")
 DEVICES = ("auto", "cpu", "gpu")

@@ -1,6 +1,6 @@
 """The ranks' half of the watchdog: leave the runner a pid, a stack dump on demand, and the error line.
 
-When the runner gives a run folder (TUTOR_RUN_DIR, common/run_folder.py), each rank writes there
+When the runner gives a run folder (TUTOR_RUN_DIR, common/plumbing/run_folder.py), each rank writes there
   rankR.pid    its process id, so the runner can signal and end it even if mpiexec is gone;
   rankR.stack  a faulthandler dump of every thread, written when the runner sends SIGUSR1;
   rankR.error  the exception that killed it, one line, with the lesson's file:line (mpi4py's own
@@ -14,7 +14,8 @@ import socket
 import sys
 import traceback
 
-from common import run_folder
+from common.mpilib import mpi_classes
+from common.plumbing import run_folder
 
 _keep = []  # faulthandler writes to this file later: it must stay open
 
@@ -57,15 +58,6 @@ def write(path, text):
         os.write(fd, text.encode(errors="replace"))
     finally:
         os.close(fd)
-
-
-def mpi_classes():
-    """{error class: 'MPI_ERR_...'} of the MPI library mpi4py runs on ({} before mpi4py is imported)."""
-    MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is None:
-        return {}
-    return {getattr(MPI, k): "MPI_" + k for k in sorted(dir(MPI), reverse=True)  # first name wins a tie
-            if k.startswith("ERR_") and k != "ERR_LASTCODE" and isinstance(getattr(MPI, k), int)}
 
 
 def with_class(exc, line, classes):

@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS_KEYS = {"lesson", "np", "ranks"}   # what every results JSON holds (GUIDE §2)
 JUNIT_HEAD = '<testsuite name="tutor-check"'
 KEEP = 500                                 # ledger entries kept (the oldest go first)
