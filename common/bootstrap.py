@@ -228,6 +228,7 @@ def store_host(ctx):
 def init_torch(ctx):
     """torch.distributed from the MPI ranks: rank 0 opens a store on a free port, MPI tells the rest."""
     import datetime
+
     import torch.distributed as dist
     addr = None
     host, ifname, error = store_host(ctx)

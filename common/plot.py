@@ -56,6 +56,7 @@ def _pyplot():
 def _bytes_axis(ax):
     """Log-2 x axis labelled 1K, 64K, 1M as nccl-tests' sizes are written."""
     from matplotlib.ticker import FuncFormatter, LogLocator
+
     from common.bandwidth import human
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=4))

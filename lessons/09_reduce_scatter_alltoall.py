@@ -34,8 +34,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bandwidth, bootstrap, buffers, collectives, counting, p2p, report, shards, timing  # noqa: E402
-from common import tolerance  # noqa: E402
+from common import bandwidth, bootstrap, buffers, collectives, counting, p2p, report, shards, timing, tolerance  # noqa: E402
 from lessons.reduce_scatter_alltoall import budget, show  # noqa: E402
 
 five = bootstrap.lesson_module("05")  # ring_allreduce, inplace_add: the ring this lesson cuts in half

@@ -7,8 +7,8 @@ import atexit
 import importlib.machinery
 import importlib.util
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile

@@ -183,8 +183,8 @@ def test_a_lost_size_is_told_apart_from_noise_and_python(tuned, lib, noise, roun
 
 def said(model, n=2, cores=2, transport="mpi", walk=1e-7, mrows=(), algos=()):
     """The reasons section's lines for a made-up run (affinity patched to `cores`)."""
-    from types import SimpleNamespace
     import os
+    from types import SimpleNamespace
     ctx = SimpleNamespace(world_size=n, transport=transport, single_node=True)
     real = os.sched_getaffinity
     os.sched_getaffinity = lambda pid: set(range(cores))
@@ -230,8 +230,8 @@ def test_no_step_no_protocol_story():
     assert not [line for line in said(line_model()) if line.startswith(("(c)", "(d)", "(a)"))]
 
 def test_the_reasons_come_before_the_table_and_only_rows_off_from_both_predictions_are_starred(capsys, monkeypatch):
-    from types import SimpleNamespace
     import os
+    from types import SimpleNamespace
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     ctx = SimpleNamespace(world_size=4, transport="mpi", single_node=True, rank=0, api="mpi4py")
     args = SimpleNamespace(algos=["rd", "ring"], plot=None)

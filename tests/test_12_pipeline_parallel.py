@@ -9,9 +9,7 @@ import pytest
 
 from common import shards, tolerance
 from conftest import load_lesson, tutor
-from lessons.pipeline_parallel import budget
-from lessons.pipeline_parallel import schedules as ps
-from lessons.pipeline_parallel import show
+from lessons.pipeline_parallel import budget, schedules as ps, show
 
 twelve = load_lesson("12_pipeline_parallel.py")  # importing a lesson starts no MPI
 SHAPES = [(1, 1), (1, 5), (2, 1), (2, 5), (3, 8), (4, 3), (4, 8), (5, 2), (6, 13)]

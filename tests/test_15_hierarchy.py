@@ -10,7 +10,6 @@ import pytest
 from common.runner import catalog, engine, verdict
 from conftest import ROOT, torch_marks, tutor
 from lessons.hierarchy import model, reference, show
-
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
 
 LESSON = catalog.resolve("15", os.path.join(ROOT, "lessons"))

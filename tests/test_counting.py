@@ -105,6 +105,7 @@ def test_nccl_start_orders_the_streams_with_events_and_never_blocks_the_host(mon
     """The CuPy + NCCL start(), on a stand-in cupy that logs: the communication stream waits for the
     compute stream before the grouped calls; wait() makes the compute stream wait for the group."""
     import sys
+
     from common import p2p
     log = []
 

@@ -66,6 +66,7 @@ def nccl_start(monkeypatch):
     ProcessGroupNCCL would read when the group is made."""
     import torch
     import torch.distributed as dist
+
     from common import bootstrap
 
     class Store:

@@ -21,7 +21,6 @@ import pytest
 from common.plumbing import devices
 from common.runner import catalog, checktable, engine, verdict
 from conftest import ROOT, TORCH_LESSONS, torch_marks, tutor
-
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
 from test_runner import assert_whole_names  # the checks table: every name whole, within 100 columns
 

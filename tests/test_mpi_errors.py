@@ -10,9 +10,9 @@ error class, and only classes a dead peer can cause are read as echoes.
 import os
 import subprocess
 
-from conftest import ROOT
 from common.plumbing import run_folder
 from common.runner import launch, launchers, verdict
+from conftest import ROOT
 
 TRUNC = "MPI.Exception: MPI_ERR_TRUNCATE: message truncated"
 OMPI_BANNER = ["--------------------------------------------------------------------------",

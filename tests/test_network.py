@@ -136,6 +136,7 @@ def test_gloo_gets_the_interface_on_gpu_runs_too(monkeypatch):
     """A GPU run's gloo subgroups (lessons 01, 02) need GLOO_SOCKET_IFNAME as much as a CPU run's."""
     import torch
     import torch.distributed as dist
+
     from common import bootstrap
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setattr(dist, "TCPStore", lambda *a, **k: type("Store", (), {"port": 1})())

@@ -353,6 +353,7 @@ def test_the_test_beds_launcher_line_keeps_a_path_with_a_space_whole(monkeypatch
     """`testbed run` in a checkout at '/…/my checkout' said '/…/my is not a program' (issue 38 L5):
     MPIEXEC is split as a shell splits it, so the bed's line quotes its paths."""
     import shlex
+
     from common.runner import testbed
     monkeypatch.setattr(testbed, "ROOT", "/home/me/my checkout")
     bed = testbed.Bed("tutb000000", "tutb000000", [("tutb000000-a", "10.1.2.10"), ("tutb000000-b", "10.1.2.11")],

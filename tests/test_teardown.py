@@ -20,8 +20,8 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, tutor
 from common.runner import launch
+from conftest import ROOT, tutor
 
 pytestmark = pytest.mark.torch
 

@@ -20,7 +20,6 @@ import pytest
 
 from common.runner import catalog, testbed
 from conftest import ROOT, TUTOR
-
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
 
 pytestmark = [pytest.mark.twonode, pytest.mark.skipif(bool(testbed.missing()),

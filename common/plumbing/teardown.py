@@ -40,6 +40,7 @@ def end_torch():
         if not MPI.Is_finalized():
             MPI.COMM_WORLD.Abort(1)
     import gc
+
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()

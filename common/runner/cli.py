@@ -11,8 +11,18 @@ import typer
 import typer.core
 
 from common.report import table
-from common.runner import (catalog, checking, exercise, files, flightwatch, launchers, practice, preflight,
-                           run_command, verdict)
+from common.runner import (
+    catalog,
+    checking,
+    exercise,
+    files,
+    flightwatch,
+    launchers,
+    practice,
+    preflight,
+    run_command,
+    verdict,
+)
 from common.runner.terminal import fit, progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

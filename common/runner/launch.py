@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from common.plumbing import run_folder
 from common.runner import flightwatch, lifetime
-from common.runner.launchers import LaunchError, flavour, mpiexec, python
 from common.runner.catalog import ROOT
+from common.runner.launchers import LaunchError, flavour, mpiexec, python
 from common.runner.rundir import dump_stacks, end_tree, rank_pids, read_errors
 
 

@@ -7,8 +7,8 @@ import ipaddress
 import os
 import re
 import shlex
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass

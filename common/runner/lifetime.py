@@ -21,7 +21,6 @@ from common.runner import rundir
 from common.runner.catalog import ROOT
 from common.runner.launchers import LaunchError, allocation
 
-
 # Every signal whose default action would end the runner ends the run first, then the runner, with the
 # conventional status 128 + signal; SIGINT (Ctrl-C) is one of them (130). A signal ignored when the
 # runner started (nohup's SIGHUP) stays ignored. SIGKILL and SIGSTOP cannot be caught.

@@ -7,8 +7,8 @@ import re
 from common.runner import catalog, expect, files, grading
 from common.runner.catalog import ROOT
 from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
-from common.runner.terminal import fit, path_shown
 from common.runner.progress import change, load_progress, progress_path, update
+from common.runner.terminal import fit, path_shown
 
 
 def practice_dir():

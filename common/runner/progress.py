@@ -10,11 +10,11 @@ import json
 import os
 import sys
 
+from common.report import atomic_write
 from common.runner import files
 from common.runner.catalog import ROOT
 from common.runner.exercise import PracticeError
 from common.runner.terminal import fit, path_shown
-from common.report import atomic_write
 
 
 def progress_path():

@@ -139,6 +139,7 @@ def progress(items, label, show, stream=None):
     import contextlib
     import shutil
     import sys
+
     import typer
     stream = stream or sys.stdout
     items = list(items)

@@ -3,7 +3,6 @@ dispatch. Each takes what the page gathered; none talks to the other ranks."""
 from common import report, text, timing
 from lessons.hierarchy.reference import DMODEL, EXPERTS, TOPK
 
-
 TRANSPORT = {"mpi": "MPI's shared memory", "gloo": "gloo's TCP sockets (inside a node too)",
              "nccl": "NCCL's own paths (NVLink, PCIe or shared memory)"}
 

@@ -5,7 +5,6 @@ from collections import Counter
 from common import mpilib, report, text
 
 
-
 def mode(times, key):
     """The time of the mode named "(a) ...", "(b) ..." (key "(a)", "(b)") in `times`."""
     return next(t for m, t in times.items() if m.startswith(key))

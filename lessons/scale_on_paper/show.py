@@ -6,7 +6,6 @@ from common import report, text
 from lessons.scale_on_paper import links, step
 
 
-
 def say(paragraph):
     print(text.wrapped(paragraph, hang=4))  # continuation lines 4 in, as lesson 07 prints
 

@@ -59,8 +59,7 @@ def torch_own(ctx, p, x, w, ref, eps, rel_err):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
     device = "cuda" if ctx.device == "gpu" else "cpu"
     mesh = init_device_mesh(device, (ctx.world_size,))
     dtype, seen = getattr(torch, x.dtype.name), collectives_seen(torch)

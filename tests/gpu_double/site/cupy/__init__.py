@@ -13,8 +13,7 @@ import os
 import numpy as np
 
 from cupy import cuda
-from cupy.cuda import memory as _memory
-from cupy.cuda import stream as _stream
+from cupy.cuda import memory as _memory, stream as _stream
 from cupy.cuda.memory import get_default_memory_pool  # noqa: F401
 
 

@@ -27,8 +27,7 @@ import time
 
 import numpy as np
 
-from cupy.cuda import memory, runtime
-from cupy.cuda import stream as _stream
+from cupy.cuda import memory, runtime, stream as _stream
 
 
 def _load_real():
