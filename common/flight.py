@@ -137,15 +137,18 @@ def _reserve(fd, path):
 
 
 class _Call:
-    __slots__ = ("rec", "args", "slot")
+    __slots__ = ("rec", "args", "slot", "was")
 
     def __init__(self, rec, *args):
         self.rec, self.args = rec, args
 
     def __enter__(self):
         self.slot = self.rec.begin(*self.args)
+        # the call's own slot stands for what it does inside (--sanitize's sends, receives and waits)
+        self.was, self.rec.off = self.rec.off, self.rec.off or self.slot >= 0
 
     def __exit__(self, kind, value, tb):
+        self.rec.off = self.was
         if kind is None:  # a call that raised stays `started`: it never completed
             self.rec.end(self.slot)
 
