@@ -340,6 +340,11 @@ class Sanitizer:
         changed = _crc(p.arr) != p.crc
         if p.kind == "recv":
             p.arr[...] = p.stage.reshape(p.arr.shape)
+        # done: the learner's buffer is theirs again, freed when they drop it (lesson 10 counts the bytes
+        # it holds until Python frees them), though a Work or a request of ours may outlive the wait
+        p.buf = p.arr = p.stage = p.staged = None
+        if hasattr(p.real, "release"):  # torch: its Work holds the tensors it moved
+            p.real.release()
         self.spent += time.perf_counter() - t0
         if changed:
             self.report(f"{p.kind} buffer written before its wait", f"posted at {p.site}, waited at {waited}")

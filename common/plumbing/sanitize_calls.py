@@ -204,7 +204,7 @@ class _TokenSend:
 
     def __init__(self, hs, isend, tensor, peer, tag, a, k):
         self.hs, self.peer, self.tag = hs, peer, tag % 32768
-        self.isend, self.tensor, self.a, self.k, self.work = isend, tensor, a, k, None
+        self.isend, self.tensor, self.a, self.k, self.work, self.released = isend, tensor, a, k, None, False
         with self.lock:
             self.token = hs[0].Irecv(np.empty(1, np.uint8), source=peer, tag=self.tag)
             self.waiting.append(self)
@@ -220,6 +220,8 @@ class _TokenSend:
             time.sleep(0.0005)
 
     def poll(self):
+        if self.released:
+            return True
         if self.work is None and self.token.Test():
             self.work = self.isend(self.tensor, *self.a, **self.k)
             self.hs[1].Isend(np.zeros(1, np.uint8), dest=self.peer, tag=self.tag).Wait()  # eager: 1 byte
@@ -231,6 +233,11 @@ class _TokenSend:
                 return False
         self.work.wait()  # its receive is posted: done soon
         return True
+
+    def release(self):
+        """Waited: drop the tensor and gloo's Work, which holds it (a buffer the learner dropped is freed)."""
+        with self.lock:
+            self.released, self.work, self.tensor = True, None, None
 
 
 class _TokenRecv:
@@ -248,6 +255,9 @@ class _TokenRecv:
             return False
         self.work.wait()
         return True
+
+    def release(self):
+        self.work = None
 
 
 def patch_torch(world):
