@@ -216,8 +216,20 @@ class _TokenSend:
     def polls(cls):
         while True:
             with cls.lock:
-                cls.waiting[:] = [s for s in cls.waiting if not s.poll()]
+                cls.advance()
             time.sleep(0.0005)
+
+    @classmethod
+    def advance(cls):
+        """Post every send whose token came, in the order they were made: gloo, as NCCL, matches the
+        sends to one peer with one tag to that peer's receives in order, so a later send must never go
+        before an earlier one (a test() of the later one alone did: sizes crossed, lesson 07's dbt)."""
+        held, left = set(), []
+        for s in cls.waiting:
+            if (s.peer, s.tag) in held or not s.poll():
+                held.add((s.peer, s.tag))
+                left.append(s)
+        cls.waiting[:] = left
 
     def poll(self):
         if self.released:
@@ -229,7 +241,8 @@ class _TokenSend:
 
     def test(self):
         with self.lock:
-            if not self.poll():
+            self.advance()
+            if self.work is None:
                 return False
         self.work.wait()  # its receive is posted: done soon
         return True
