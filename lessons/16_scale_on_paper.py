@@ -12,9 +12,9 @@ What to watch for:
     15 all-reduce busbw figures (1-16 nodes; InfiniBand, RoCE, AWS EFA, Azure), each held within
     +-10%; then the misses, each with its reason.
   * section 2: a training step of an 8B- and a 70B-shaped transformer on 8 to 1024 GPUs: data
-    parallelism (08), ZeRO-3 / FSDP (10), and 3D (11, 12), each priced per call; compute at a
-    published MFU (Llama 3's); the step lies between max(compute, comm) and their sum; then
-    published steps against that range, a miss printed with its reason.
+    parallelism (08), ZeRO-3 / FSDP (10), and 3D (11, 12), each priced per call; compute at
+    published MFUs (Llama 3 405B's slowest to NVIDIA's GPT-3 175B); the step lies between
+    max(compute, comm) and their sum; published Llama 3.1 8B and 70B steps fall in that range.
   * section 3: the same step dry-run at 1024 ranks in this one process through the kit's counting
     communicator (common/counting.py; nothing moves): its counts equal the closed forms.
   * section 4 (2+ ranks): the model with THIS machine's alpha and beta (lesson 07's measurement)
@@ -102,14 +102,16 @@ def step_rows(args, classes):
 
 
 def step_figures():
-    """Each published step priced as its own run (its tokens, 8 H100s a node, 8 NDR NICs), as tokens a
-    second a GPU: the step's range turned round (its fast end is step_lo)."""
+    """Each published step priced as its own run (its sequences of its length, 8 H100s a node, 8 NDR NICs),
+    as tokens a second a GPU: the step's range turned round (its fast end is step_lo)."""
     out = []
     for f in step.STEP_FIGURES:
         c = links.Cluster(8, f["world"] // 8, "nvlink4", "ndr", 8)
-        r = step.step(f["strategy"], step.SHAPES[f["model"]], c, tokens=f["tokens_per_gpu"] * f["world"])
+        r = step.step(f["strategy"], step.SHAPES[f["model"]], c, seq=f["seq_len"], seqs=f["gbs"])
         fast, slow = r["tokens"] / (r["world"] * r["step_lo"]), r["tokens"] / (r["world"] * r["step_hi"])
-        out.append(dict(r, **f, fast_tps=fast, slow_tps=slow, inside=int(slow <= f["published"] <= fast)))
+        mfu = 6 * r["params"] * f["published"] / r["peak_flops"]  # the published step's own MFU, 6N FLOPs
+        out.append(dict(r, **f, fast_tps=fast, slow_tps=slow, published_mfu=mfu,
+                        inside=int(slow <= f["published"] <= fast)))
     return out
 
 
@@ -130,6 +132,7 @@ def paper(ctx, args, classes, yours):
         report.section(ctx, f"3. the same step dry-run at {DRY_WORLD} ranks in one process (common/counting.py)")
         show.dry_runs(counted)
     return dict(figures=figures, misses=misses, step=steps, step_figures=stepped,
+                mfu_sources=[step.MFU_SOURCE, step.MFU_HI_SOURCE],  # the MFU's slow and fast ends
                 dry=[dict(d, model=name) for name, d in counted.items()])
 
 
@@ -168,7 +171,7 @@ def flags():
                         metavar="F", help="a GPU's dense BF16 peak, TFLOP/s (default H100 SXM's 989.4)")
     parser.add_argument("--mfu", type=bootstrap.positive(float, most=1.0), nargs=2, default=step.MFU,
                         metavar=("LO", "HI"), help="the share of peak a step sustains, its slow and fast end "
-                        "(default Llama 3's 380 and 430 of 989.4 TFLOP/s)")
+                        "(default Llama 3 405B's 380 and GPT-3 175B's 516 of 989.4 TFLOP/s)")
     parser.add_argument("--hbm-GB", type=bootstrap.positive(float, most=1e6), default=80.0, metavar="H",
                         help="a GPU's memory, GB, the state column is held to (default H100's 80)")
     parser.add_argument("--worlds", type=bootstrap.positive(int, most=10 ** 7), nargs="+", default=WORLDS,

@@ -161,6 +161,30 @@ def test_every_figure_within_10_percent_and_every_miss_outside_with_a_reason():
         assert not 0.9 <= links.reported(f)["ratio"] <= 1.1 and len(f["why"]) > 40, f["label"]
 
 
+def test_the_mfu_range_is_its_two_cited_runs():
+    """The slow end Llama 3 405B's 380 TFLOP/s; the fast end NVIDIA's GPT-3 175B BF16 step on 128 H100s,
+    63099 tokens/s at 6N FLOPs a token (N from its 96 layers of 12288, vocab 51200): 516 TFLOP/s."""
+    assert step.MFU[0] * step.PEAK == pytest.approx(380e12)
+    assert step.GPT3_175B == pytest.approx(174.6e9, rel=1e-3)
+    assert step.MFU[1] * step.PEAK == pytest.approx(6 * 174.575e9 * 63099 / 128, rel=1e-5)
+    assert step.MFU[1] == pytest.approx(0.5219, abs=1e-4)
+
+
+@pytest.mark.parametrize("run", step.STEP_FIGURES, ids=lambda f: f"{f['model']} {f['strategy']} {f['world']}")
+def test_a_published_step_is_inside_the_range_unless_printed_as_a_miss(run):
+    """Each run priced at its own tokens: NVIDIA's Llama 3.1 8B and 70B BF16 steps (47-49% of peak at
+    6N) inside the range; torchtitan's 500 W H100s (27-28%) below it, each with its reason."""
+    plain = numbers(run["phrase"].replace(",", ""))[0]  # the page's whole-run figure, or its figure a GPU
+    assert run["source"].startswith("https://") and (run["total"] in plain or run["published"] in plain), run
+    c = links.Cluster(8, run["world"] // 8, "nvlink4", "ndr", 8)
+    r = step.step(run["strategy"], step.SHAPES[run["model"]], c, seq=run["seq_len"], seqs=run["gbs"])
+    assert r["tokens"] == run["seq_len"] * run["gbs"] and r["comm_s"] < r["busy_fast_s"]  # the comm hides
+    fast, slow = r["tokens"] / (r["world"] * r["step_lo"]), r["tokens"] / (r["world"] * r["step_hi"])
+    assert (slow <= run["published"] <= fast) == (not run["why"]), (slow, run["published"], fast)
+    mfu = 6 * r["params"] * run["published"] / step.PEAK
+    assert (step.MFU[0] <= mfu <= step.MFU[1]) == (not run["why"]), mfu
+
+
 def test_your_cluster_is_kept_whole_in_summary_yours(tmp_path):
     """The issue's command: the chosen algorithm and its busbw, the FLOP rate, MFU, memory, and the step
     rows on your own world size, all in summary.yours."""

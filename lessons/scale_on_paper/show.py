@@ -79,8 +79,9 @@ def steps(rows, args, refused=None):
     gpus_per_node, hbm = args.gpus_per_node, args.hbm_GB
     tps = "/".join(str(t) for t in sorted({r["tp"] for r in rows if r["strategy"] == "3d"}))
     lo, hi = args.mfu
-    mfu = (f"{lo:.1%}-{hi:.1%} of it, Llama 3's 380-430 TFLOP/s a GPU ({short(step.MFU_SOURCE)})"
-           if tuple(args.mfu) == step.MFU else f"{lo:.1%}-{hi:.1%} of it (--mfu)")
+    mfu = (f"{lo:.1%}-{hi:.1%} of it: from Llama 3 405B's slowest, 380 TFLOP/s a GPU "
+           f"({short(step.MFU_SOURCE)}), to NVIDIA's GPT-3 175B recipe, {hi * step.PEAK / 1e12:.0f} TFLOP/s of 6N "
+           "FLOPs (gh:NVIDIA/dgxc-benchmarking)" if tuple(args.mfu) == step.MFU else f"{lo:.1%}-{hi:.1%} of it (--mfu)")
     peak = f"H100 BF16 dense peak, {short(step.PEAK_SOURCE)}" if args.tflops * 1e12 == step.PEAK else "--tflops"
     say(f"{step.SEQS} sequences of {step.SEQ} tokens per step at any GPU count; bf16 on the wire; "
         f"compute at {args.tflops:.1f} TFLOP/s per GPU ({peak}) times a published run's model FLOPs "
@@ -124,12 +125,15 @@ def steps(rows, args, refused=None):
 
 def step_figures(rows):
     """Published steps against the step's range, each priced as its own run (its tokens a step)."""
-    print("\npublished steps, tokens a second a GPU, each priced as its own run:")
-    print(report.table(["model", "GPUs", "plan", "tokens/step", "range tok/s/GPU", "publ", "inside", "source"],
-                       [(f["model"], f["world"], f["strategy"], f["tokens"],
-                         f"{f['slow_tps']:.0f}-{f['fast_tps']:.0f}", f["published"], "yes" if f["inside"] else "NO",
+    print("\npublished BF16 steps on H100s, tokens a second a GPU, each priced as its own run (its MFU: 6N):")
+    print(report.table(["model", "GPUs", "plan", "tokens/step", "range tok/s/GPU", "publ", "its MFU", "inside",
+                        "source"],
+                       [(f["model"], f["world"], f["strategy"], f["tokens"], f"{f['slow_tps']:.0f}-{f['fast_tps']:.0f}",
+                         round(f["published"]), f"{f['published_mfu']:.1%}", "yes" if f["inside"] else "NO",
                          short(f["source"]).split("/blob")[0]) for f in rows],
-                       align=[False, True, False, True, False, True, False, False]))
+                       align=[False, True, False, True, False, True, True, False, False]))
+    say("NVIDIA's recipes: 8B's distributed optimizer moves an all-reduce's bytes (priced as dp); 70B's "
+        "TP 4 x PP 4 x CP 2 priced as this lesson's 3D plan")
     for f in rows:
         if not f["inside"]:
             say(f"missed: {f['model']} {f['strategy']} on {f['world']}: {f['why']}")

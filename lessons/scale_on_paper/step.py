@@ -23,23 +23,44 @@ TP = 8                       # tensor parallelism: the GPUs of one node (NVLink)
 PP = 4                       # pipeline stages across nodes, as in lesson 12 (fewer if fewer nodes)
 PEAK = 989.4e12              # H100 SXM BF16 dense tensor FLOP/s: "BF16 | 133.8 | 989.4 | 1978.9"
 PEAK_SOURCE = "https://glennklockwood.com/garden/processors/h100"
-# model FLOPs utilisation of a published run: Llama 3 405B on 8,192 to 16,384 H100s, BF16, sustained
-# 380 to 430 TFLOPS a GPU (SC'24 slide of Meta's P. Balaji, read at the address below; the run of
-# Meta's "The Llama 3 Herd of Models", arXiv 2407.21783): 380 / 989.4 and 430 / 989.4 of the peak
-MFU = (380e12 / PEAK, 430e12 / PEAK)
+# model FLOPs utilisation (6N FLOPs a token), each end a published BF16 run on H100s. The slow end:
+# Llama 3 405B on 8,192 to 16,384 H100s sustained 380 to 430 TFLOPS a GPU (SC'24 slide of Meta's P. Balaji,
+# read at the address below; the run of "The Llama 3 Herd of Models", arXiv 2407.21783): its slowest, 380.
+# The fast end: NVIDIA's GPT-3 175B recipe (96 layers, hidden 12288, vocab 51200: N = 12 L h^2 + V h),
+# BF16 on 128 H100s, "| Throughput in tokens per second | 63099 |": 6N x 63099 / 128 = 516 TFLOP/s a GPU
+GPT3_175B = 12 * 96 * 12288 ** 2 + 51200 * 12288
+MFU = (380e12 / PEAK, 6 * GPT3_175B * 63099 / 128 / PEAK)
 MFU_SOURCE = "https://glennklockwood.com/garden/llama-3.1"
+DGXC = "https://github.com/NVIDIA/dgxc-benchmarking/blob/"  # NVIDIA's DGX Cloud recipes, pinned commits
+MFU_HI_SOURCE = DGXC + "741c886025a7665a1d690c05ff12ac29c1be7252/nemo_megatron/README_175b.md"
 STATE = 16                   # bytes of model state per parameter: bf16 weight + grad, fp32 master + Adam
 BUCKET = 25 * 1024 * 1024    # torch DDP's default bucket: _DEFAULT_BUCKET_CAP_MB = 25 (MiB), in
 #                              torch/nn/parallel/distributed.py of the installed torch 2.13.0
-# published steps of these shapes, tokens a second a GPU, each priced as its own run: torchtitan's
-# Llama 3.1 8B, FSDP, BF16 (no torch.compile, no Float8), local batch 2 of 8192 tokens, H100 hosts of 8
-# with 400 Gb/s a GPU (its Tables 1 and 3)
+# published steps of these shapes, tokens a second a GPU, each priced as its own run (its sequences of
+# its length a step; 8 H100s a node, 8 NDR NICs). NVIDIA's Llama 3.1 recipes, BF16, NeMo 24.09 (8B: TP 1,
+# PP 1, CP 2, its distributed optimizer moving an all-reduce's bytes: priced as DP; 70B: TP 4, PP 4, CP 2,
+# VP 5: priced as the lesson's 3D plan), the page's tokens a second over its GPUs; and torchtitan's
+# Llama 3.1 8B, FSDP, BF16 (no torch.compile, no Float8), local batch 2 of 8192 tokens (its Tables 1, 3)
 TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
+LLAMA31 = DGXC + "143b90dd91f9be958fed4773ae95d941a3356a82/llama3.1/README_"
+
+
+def _run(model, strategy, world, gbs, seq_len, total, source, phrase, why=""):
+    """A published step: `gbs` sequences of `seq_len` tokens a step on `world` GPUs, `total` tokens a
+    second in all (published: a GPU's share); why: for a miss, the reason a learner can check."""
+    return dict(model=model, strategy=strategy, world=world, gbs=gbs, seq_len=seq_len, total=total,
+                published=total / world, source=source, phrase=phrase, why=why)
+
+
 STEP_FIGURES = [
-    dict(model="8B", strategy="fsdp", world=8, tokens_per_gpu=2 * 8192, published=5762, source=TORCHTITAN,
+    _run("8B", "dp", 8, 128, 8192, 81222, LLAMA31 + "8b.md", "| Throughput in tokens per second | 81222 |"),
+    _run("8B", "dp", 128, 2048, 8192, 1280704, LLAMA31 + "8b.md", "| ... | 1280704 |  (128x H100, GBS=2048)"),
+    _run("70B", "3d", 64, 128, 8192, 71235, LLAMA31 + "70b.md", "| Throughput in tokens per second | 71235 |"),
+    _run("70B", "3d", 1024, 2048, 8192, 1124478, LLAMA31 + "70b.md", "| ... | 1124478 |  (1024x H100, GBS=2048)"),
+    _run("8B", "fsdp", 8, 2 * 8, 8192, 5762 * 8, TORCHTITAN, "5,762 TPS/GPU (8 GPUs)",
          why="torchtitan's page: its H100s ran at a 500 W power limit (700 W TDP) with HBM2e, their peak "
-             "'between SXM and NVL'; it states 33-39% MFU counting attention too, under the 38-43% here"),
-    dict(model="8B", strategy="fsdp", world=128, tokens_per_gpu=2 * 8192, published=5605, source=TORCHTITAN,
+             "'between SXM and NVL'; it states 33-39% MFU counting attention too, under the slow end here"),
+    _run("8B", "fsdp", 128, 2 * 128, 8192, 5605 * 128, TORCHTITAN, "5,605 TPS/GPU (128 GPUs)",
          why="the same hosts and power limit as its 8-GPU row"),
 ]
 # every row carries every plan's parts (0 where the plan has none), so the runner's checks read them all
@@ -87,8 +108,9 @@ def worlds(wanted, gpus_per_node, nodes=None):
     return [w for w in sorted(counts) if w not in refused], refused
 
 
-def plan(strategy, s, world, gpus_per_node=8):
-    """Bytes each GPU sends per step, and what they are, from lessons 08-12's closed forms."""
+def plan(strategy, s, world, gpus_per_node=8, seq=SEQ, seqs=SEQS):
+    """Bytes each GPU sends per step, and what they are, from lessons 08-12's closed forms: a step of
+    `seqs` sequences of `seq` tokens (3D's bytes depend on them; DP's and FSDP's do not)."""
     p, n = params(s), world
     if strategy == "dp":  # lesson 08: all-reduce the gradient, 2(N-1)/N of it per rank, bucket by bucket
         return dict(comm_bytes=2 * (n - 1) / n * BYTES * p, calls=math.ceil(BYTES * p / BUCKET),
@@ -99,8 +121,8 @@ def plan(strategy, s, world, gpus_per_node=8):
                     calls=(2 * s["layers"] + 1) + (s["layers"] + 1),  # all-gathers + reduce-scatters, a unit each
                     block_params=blocks, root_params=p - blocks)
     tp, pp, dp = layout(world, gpus_per_node, s)
-    micro = SEQS // dp
-    act = SEQ * s["d"] * BYTES  # one microbatch's activation at a layer boundary
+    micro = seqs // dp
+    act = seq * s["d"] * BYTES  # one microbatch's activation at a layer boundary
     # calls that move something (a group of one sends nothing); pp: a middle stage's sends
     tp_calls = 4 * (s["layers"] // pp) * micro if tp > 1 else 0  # lesson 11: f and g, forward and backward
     pp_calls = 2 * micro if pp > 1 else 0  # lesson 12: each microbatch's activation on, its gradient back
@@ -113,15 +135,15 @@ def plan(strategy, s, world, gpus_per_node=8):
                 state_gb=STATE * p / (tp * pp) / 1e9)
 
 
-def step(strategy, s, c, peak=PEAK, mfu=MFU, tokens=SEQ * SEQS):
+def step(strategy, s, c, peak=PEAK, mfu=MFU, seq=SEQ, seqs=SEQS):
     """{comm_s, latency_s, compute_s, busy_s, step_lo, step_hi, ...} for one step on cluster c: each
     plan's calls x the latencies each call pays + its bytes / bandwidth; compute at the peak FLOP/s
-    times a published run's MFU, the slow end (compute_s) and the fast (compute_fast_s). `tokens`:
-    another step's tokens (DP and FSDP only: their bytes do not depend on them)."""
-    p, n = params(s), c.n
-    out = dict(dict.fromkeys(PARTS, 0), **plan(strategy, s, n, c.gpus_per_node), **specs(c), strategy=strategy,
-               world=n, params=p, tokens=tokens, peak_flops=peak, mfu_lo=mfu[0], mfu_hi=mfu[1],
-               layers=s["layers"], d=s["d"], seq=SEQ, seqs=SEQS)
+    times a published run's MFU, the slow end (compute_s) and the fast (compute_fast_s); a step of
+    `seqs` sequences of `seq` tokens (section 2's, or a published run's)."""
+    p, n, tokens = params(s), c.n, seq * seqs
+    out = dict(dict.fromkeys(PARTS, 0), **plan(strategy, s, n, c.gpus_per_node, seq, seqs), **specs(c),
+               strategy=strategy, world=n, params=p, tokens=tokens, peak_flops=peak, mfu_lo=mfu[0], mfu_hi=mfu[1],
+               layers=s["layers"], d=s["d"], seq=seq, seqs=seqs)
     out["compute_s"] = 6 * p * tokens / n / (peak * mfu[0])  # forward 2, backward 4 FLOPs per parameter-token
     out["compute_fast_s"] = 6 * p * tokens / n / (peak * mfu[1])
     out["busy_s"], out["busy_fast_s"] = out["compute_s"], out["compute_fast_s"]
