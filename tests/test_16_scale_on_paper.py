@@ -161,6 +161,19 @@ def test_every_figure_within_10_percent_and_every_miss_outside_with_a_reason():
         assert not 0.9 <= links.reported(f)["ratio"] <= 1.1 and len(f["why"]) > 40, f["label"]
 
 
+def test_dp_runs_each_bucket_as_nccl_picks_it_the_tree_from_64_gpus_on():
+    """A 25 MiB bucket on one node is NCCL's ring; on 8 and 128 nodes its tree (log2 M network hops
+    against the ring's 2(M-1)), which brings 70B's DP on 1024 GPUs (2.23 s) under its compute."""
+    for nodes, algo in ((1, "ring"), (8, "tree"), (128, "tree")):
+        c = links.Cluster(8, nodes, "nvlink4", "ndr", 8)
+        r = step.step("dp", step.SHAPES["70B"], c)
+        last = 2 * r["params"] - step.BUCKET * (r["calls"] - 1)
+        assert r["bucket_algo"] == algo == links.pick(links.nccl_times(c, step.BUCKET)) and 0 < last <= step.BUCKET
+        assert r["comm_s"] == pytest.approx((r["calls"] - 1) * min(links.nccl_times(c, step.BUCKET).values()) +
+                                            min(links.nccl_times(c, last).values()), rel=1e-12)
+    assert r["comm_s"] == pytest.approx(2.229, abs=1e-3) and r["comm_s"] < r["busy_s"] < r["ring_s"]
+
+
 def test_the_mfu_range_is_its_two_cited_runs():
     """The slow end Llama 3 405B's 380 TFLOP/s; the fast end NVIDIA's GPT-3 175B BF16 step on 128 H100s,
     63099 tokens/s at 6N FLOPs a token (N from its 96 layers of 12288, vocab 51200): 516 TFLOP/s."""

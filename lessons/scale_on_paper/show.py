@@ -93,8 +93,8 @@ def steps(rows, args, refused=None):
         say(f"not priced: {why}")
     body = []
     for r in rows:
-        if r["strategy"] == "dp":  # the faster of the two DP prices
-            where = "ring" if r["ring_s"] <= r["two_level_s"] else "2-level"
+        if r["strategy"] == "dp":  # what NCCL runs for a full bucket
+            where = r["bucket_algo"]
         elif r["strategy"] == "3d":  # the largest of its three parts
             where = max(("tp", r["tp_s"]), ("pp", r["pp_s"]), ("dp", r["dp_s"]), key=lambda kv: kv[1])[0]
         else:
@@ -110,12 +110,12 @@ def steps(rows, args, refused=None):
         say(f"state over a GPU's {hbm:g} GB (weights and optimizer alone): " + ", ".join(over))
     say("per GPU per step: GB sent, and calls: the collectives (3D: and the pipeline's sends) as "
         "section 3's dry run counts them; comm s = calls x each call's latencies (alpha s) + bytes / "
-        "bandwidth, rings only (no tree); compute s: at the fast - slow MFU, 3D's with its bubble; "
-        "step s: all comm hidden at the fast MFU - none hidden at the slow; state GB: "
+        "bandwidth; compute s: at the fast - slow MFU, 3D's with its bubble; step s: all comm hidden "
+        "at the fast MFU - none hidden at the slow; state GB: "
         f"{step.STATE} B a parameter (bf16 weight and grad, fp32 master and Adam), activations left "
-        "out. DP: the faster of the flat ring (the slowest link's bandwidth, 2(N-1) latencies a "
-        "bucket) and two levels (fewer latencies, the node's NICs shared by its GPUs); the JSON keeps "
-        "every part")
+        "out. DP: each 25 MiB bucket as NCCL runs it, the ring or the tree its tuner prices faster "
+        "(section 1's prices, no NVLS; most comm: a full bucket's pick); FSDP and 3D: rings. The JSON "
+        "keeps every part, and DP's flat ring (07) and two levels (15) beside it")
     exposed = [r for r in rows if r["comm_s"] > r["busy_s"]]
     if exposed:  # the verdict the prices give: communication no overlap can hide
         say("comm longer than compute, so not all of it can hide (comm s > compute s, latency's share): " +

@@ -5,11 +5,13 @@ priced on a cluster of lessons/scale_on_paper/links.py.
     plan(strategy, shape, world)       bytes and calls per GPU per step, closed forms (lessons 08-12)
     step(strategy, shape, cluster)     communication and compute seconds, and the overlap bound
 Every call pays its latencies: a plan is priced calls x alpha + bytes / bandwidth, with the calls the
-dry run counts (the same step through the counting communicator: lessons/scale_on_paper/dry.py).
+dry run counts (the same step through the counting communicator: lessons/scale_on_paper/dry.py); DP's
+buckets as NCCL runs them, its tuner's pick of ring and tree (links.nccl_times), FSDP and 3D as rings.
 """
 import math
 
-from lessons.scale_on_paper.links import Cluster, bottleneck, reduce_scatter_time, ring, ring_time, specs, two_level
+from lessons.scale_on_paper.links import (Cluster, bottleneck, nccl_times, pick, reduce_scatter_time, ring, ring_time,
+                                          specs, two_level)
 
 # shapes of the 8B and 70B size class (grouped-query attention: kv_heads of heads; untied embeddings)
 SHAPES = {
@@ -65,7 +67,8 @@ STEP_FIGURES = [
 ]
 # every row carries every plan's parts (0 where the plan has none), so the runner's checks read them all
 PARTS = ("tp", "pp", "dp", "micro", "tp_calls", "pp_calls", "dp_calls", "tp_bytes", "pp_bytes", "dp_bytes",
-         "tp_s", "pp_s", "dp_s", "ring_s", "two_level_s", "block_params", "root_params")
+         "tp_s", "pp_s", "dp_s", "ring_s", "two_level_s", "block_params", "root_params", "bucket", "last_bucket",
+         "nccl_ring_s", "nccl_tree_s", "last_ring_s", "last_tree_s")
 
 
 def layer_params(s):
@@ -142,16 +145,21 @@ def step(strategy, s, c, peak=PEAK, mfu=MFU, seq=SEQ, seqs=SEQS):
     `seqs` sequences of `seq` tokens (section 2's, or a published run's)."""
     p, n, tokens = params(s), c.n, seq * seqs
     out = dict(dict.fromkeys(PARTS, 0), **plan(strategy, s, n, c.gpus_per_node, seq, seqs), **specs(c),
-               strategy=strategy, world=n, params=p, tokens=tokens, peak_flops=peak, mfu_lo=mfu[0], mfu_hi=mfu[1],
+               strategy=strategy, bucket_algo="", world=n, params=p, tokens=tokens, peak_flops=peak,
+               mfu_lo=mfu[0], mfu_hi=mfu[1],
                layers=s["layers"], d=s["d"], seq=seq, seqs=seqs)
     out["compute_s"] = 6 * p * tokens / n / (peak * mfu[0])  # forward 2, backward 4 FLOPs per parameter-token
     out["compute_fast_s"] = 6 * p * tokens / n / (peak * mfu[1])
     out["busy_s"], out["busy_fast_s"] = out["compute_s"], out["compute_fast_s"]
     calls, g = out["calls"], BYTES * p
-    if strategy == "dp":  # every bucket a ring, or two levels: the faster
-        ring_s, two_s = ring_time(c, g, calls), two_level(c, g, calls)
-        out.update(ring_s=ring_s, two_level_s=two_s, comm_s=min(ring_s, two_s),
-                   latency_s=ring_time(c, 0, calls) if ring_s <= two_s else two_level(c, 0, calls))
+    if strategy == "dp":  # every bucket as NCCL runs it: its tuner's pick of ring and tree (no NVLS)
+        last = g - BUCKET * (calls - 1)  # the last bucket holds the rest of the gradient
+        full, tail, alphas = nccl_times(c, BUCKET), nccl_times(c, last), nccl_times(c, 0)
+        out.update(bucket=BUCKET, last_bucket=last, nccl_ring_s=full["ring"], nccl_tree_s=full["tree"],
+                   last_ring_s=tail["ring"], last_tree_s=tail["tree"], bucket_algo=pick(full),
+                   comm_s=(calls - 1) * full[pick(full)] + tail[pick(tail)],
+                   latency_s=(calls - 1) * alphas[pick(full)] + alphas[pick(tail)],
+                   ring_s=ring_time(c, g, calls), two_level_s=two_level(c, g, calls))  # lessons 07, 15: beside it
     elif strategy == "fsdp":  # a ring across every rank per call, (N-1) steps each
         alpha = c.alpha(c.nic) if c.nodes > 1 else c.alpha(c.intra)
         passes = BYTES * (3 * out["block_params"] + 2 * out["root_params"])  # whole units, summed over calls
