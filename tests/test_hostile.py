@@ -47,6 +47,13 @@ def in_namespace(script, env=None, timeout=180):
                           timeout=timeout, env=env, cwd=ROOT)
 
 
+def shown(path):
+    """`path` as the kit shows it from ROOT, where in_namespace runs it (common/runner/terminal.path_shown):
+    relative where that is shorter, as for a checkout beside pytest's folders in /tmp."""
+    rel = os.path.relpath(path, ROOT)
+    return rel if len(rel) <= len(str(path)) else str(path)
+
+
 FILL = "dd if=/dev/zero of={d}/fill bs=1k 2>/dev/null; true"  # fill a tmpfs to its last block
 
 
@@ -168,7 +175,7 @@ def test_a_read_only_folder_is_one_line_before_any_run(tmp_path, folder, command
     proc = in_namespace(f"{setup}mount -t tmpfs -o ro none {ro} && $TUTOR {command}",
                         env={"TUTOR_LESSONS": PRACTICE_FIXTURES, folder: str(ro), other: str(rw),
                              "PYTHONPATH": ROOT})
-    one_line_error(proc, str(ro), "not writable", folder)
+    one_line_error(proc, shown(ro), "not writable", folder)
     assert proc.returncode == 2 and "checking" not in proc.stdout
 
 
@@ -388,7 +395,7 @@ def test_a_state_folder_that_is_a_file_is_one_line_and_writes_nothing(tmp_path, 
     state.write_text("a file, not a folder\n")
     proc = tutor(*command.split(), env={"TUTOR_LESSONS": PRACTICE_FIXTURES, "TUTOR_PRACTICE": str(tmp_path / "p"),
                                         "TUTOR_STATE": str(state / "sub")})
-    one_line_error(proc, str(state / "sub"), "TUTOR_STATE")  # the line is practice.py's: width not asked
+    one_line_error(proc, shown(state / "sub"), "TUTOR_STATE")  # the line is practice.py's: width not asked
     assert proc.returncode == 2 and not (tmp_path / "p").exists() and state.read_text() == "a file, not a folder\n"
 
 
@@ -403,7 +410,7 @@ def test_a_full_state_folder_is_one_line_and_writes_nothing(tmp_path, command):
                              "TUTOR_STATE": str(d)})
     assert "Traceback" not in proc.stderr and "rc=2" in proc.stderr, proc.stderr
     first = proc.stderr.splitlines()[0]
-    assert first.startswith(f"tutor: {d}: No space left") and "nothing was changed" in first, proc.stderr
+    assert first.startswith(f"tutor: {shown(d)}: No space left") and "nothing was changed" in first, proc.stderr
     assert not (tmp_path / "p").exists()  # the copy is not written when its progress cannot be
 
 
