@@ -10,8 +10,17 @@ buckets as NCCL runs them, its tuner's pick of ring and tree (links.nccl_times),
 """
 import math
 
-from lessons.scale_on_paper.links import (Cluster, bottleneck, nccl_times, pick, reduce_scatter_time, ring, ring_time,
-                                          specs, two_level)
+from lessons.scale_on_paper.links import (
+    Cluster,
+    bottleneck,
+    nccl_times,
+    pick,
+    reduce_scatter_time,
+    ring,
+    ring_time,
+    specs,
+    two_level,
+)
 
 # shapes of the 8B and 70B size class (grouped-query attention: kv_heads of heads; untied embeddings)
 SHAPES = {
