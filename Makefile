@@ -111,8 +111,8 @@ own-python:
 lesson-%: $(SETUP)  ## run one lesson: make lesson-05 NP=4 API=torch DEVICE=cpu ARGS="--count 1000"
 	bin/tutor run $* $(RUN_FLAGS) $(if $(ARGS),-- $(ARGS))
 
-check: $(SETUP)  ## every lesson x every NP in its YAML check list x every API: make check DEVICE=gpu
-	bin/tutor check $(if $(DEVICE),--device $(DEVICE))
+check: $(SETUP)  ## every lesson x every NP in its YAML check list x every API: make check DEVICE=gpu SANITIZE=1
+	bin/tutor check $(if $(DEVICE),--device $(DEVICE)) $(if $(SANITIZE),--sanitize)
 
 check-mine: $(SETUP)  ## check your practice copy: make check-mine LESSON=05 [NP=4]
 	bin/tutor check $(LESSON) --mine $(if $(NP),-n $(NP)) $(if $(API),--api $(API)) $(if $(DEVICE),--device $(DEVICE))

@@ -69,7 +69,7 @@ def run(how, runs, say):
             rows.append((lesson.name, n, a, "-", "-", MARKS[status]))
             cases.append((lesson, n, a, None, status, [blocked or f"not run: {hung[lesson.name]} hung first"]))
             continue
-        waiting = engine.Waiting(f"{lesson.name} np={n} {a}", lesson.meta["timeout_s"], say, n)
+        waiting = engine.Waiting(f"{lesson.name} np={n} {a}", engine.limit(lesson), say, n)
         outcome, checks = engine.run_lesson(lesson, n, a, dev, lesson.meta.get("args", []), echo=False,
                                             tick=waiting, plan=how.graded.get(lesson.name))
         why = verdict.explain(lesson, outcome, checks)

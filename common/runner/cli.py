@@ -140,7 +140,9 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
                                                           "for a lesson that needs one)"),
           junit: Optional[str] = typer.Option(None, help="also write a JUnit XML report here"),
           mine: bool = typer.Option(False, "--mine", help="check your practice/ copy, not the lesson"),
-          force: bool = typer.Option(False, "--force", help="allow more ranks than this machine's ceiling")):
+          force: bool = typer.Option(False, "--force", help="allow more ranks than this machine's ceiling"),
+          sanitize: bool = typer.Option(False, "--sanitize", help="every run under --sanitize (NCCL's order, "
+                                        "buffers guarded): a report fails the run; 3x the time limits")):
     """Every lesson x every NP in its YAML check list x every API: a summary table.
 
     With --mine, your practice copy runs against the same checks (make check-mine LESSON=05): regions you have not
@@ -150,6 +152,8 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
     lessons = [lesson_or_die(i) for i in lesson_ids] if lesson_ids else [
         lesson_or_die(l.name) for l in catalog.lessons()
         if not mine or os.path.exists(practice.copy_path(l))]
+    if sanitize:  # the ranks read it (common/bootstrap.py); the runner's limits too (engine.limit)
+        os.environ["TUTOR_SANITIZE"] = "1"
     try:
         how = checking.plan(lessons, np, api, device, mine, force, junit)
     except (exercise.PracticeError, preflight.UsageError, launchers.LaunchError) as exc:

@@ -12,6 +12,20 @@ from common.runner.preflight import check_extra
 from common.runner.terminal import by_message, ranks_of
 from common.runner.verdict import expected_death, status
 
+SANITIZED_SLOWER = 3  # --sanitize (NCCL's order: a token each way per transfer) gets 3x the YAML's limit
+
+
+def sanitized(extra=()):
+    """True when the run is sanitized with NCCL's order (--sanitize, or TUTOR_SANITIZE=1 inherited);
+    a practice run's buffers-only mode costs a checksum per buffer and keeps the YAML's limit."""
+    return "--sanitize" in map(str, extra) or os.environ.get("TUTOR_SANITIZE") == "1"
+
+
+def limit(lesson, extra=()):
+    """Seconds one run of `lesson` may take: its YAML's timeout_s, times SANITIZED_SLOWER when sanitized.
+    Lesson 15 on torch at NP 6 took 28-71 s sanitized here against 16 s plain (2 cores, loaded)."""
+    return lesson.meta["timeout_s"] * (SANITIZED_SLOWER if sanitized(extra) else 1)
+
 
 def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, script=None, tick=None, plan=None):
     """Launch one lesson (or `script`, or a practice grading.Plan); return (outcome, checks). checks is
@@ -49,7 +63,7 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
     if echo and np > cores:
         print(f"note: {np} ranks share {cores} {what}, so timings will be "
               "distorted (results are still checked)", flush=True)
-    outcome = launch.run(cmd, timeout or lesson.meta["timeout_s"], echo=echo, env=env, tick=tick)
+    outcome = launch.run(cmd, timeout or limit(lesson, extra), echo=echo, env=env, tick=tick)
     if lesson.meta.get("expects_death"):
         outcome.rc = expected_death(outcome)
     if launched:
