@@ -163,7 +163,7 @@ def train(torch, args, world, recover):
     """Train args.steps steps on `world`; when a peer dies, recover(world, step) and redo the step.
     Returns (model, this rank's events, the World at the end)."""
     model, tries, lost, t_fail = mlp(torch), collections.Counter(), [], None
-    events = {"wait_ms": None, "recover_ms": None, "how": ""}
+    events = {"wait_ms": None, "recover_ms": None, "how": "", "losses": []}  # losses: every failed call
     step = 0
     while step < args.steps:
         tries[step] += 1                       # counted here, outside the recovery: a redo shows as 2
@@ -178,6 +178,7 @@ def train(torch, args, world, recover):
             allreduce(world, flat)
         except Exception as exc:  # noqa: BLE001 - which ones mean a dead peer: peer_lost
             lost.append(exc)
+            events["losses"].append(show.loss(exc, step, world, t0))  # each failed call, for the JSON
             if not peer_lost(exc) or len(lost) >= len(tries) + 2:  # not a death, or recovering for ever
                 raise
             t_fail = timing.now(timing.HOST)

@@ -7,6 +7,7 @@ when the one rank that did not exit 0 is the rank the lesson says it killed."""
 import os
 import signal
 import sys
+import types
 
 import pytest
 
@@ -181,3 +182,21 @@ def test_open_mpi_with_ulfm_recovers(api, kill, monkeypatch, capfd):
     _openmpi(monkeypatch)
     outcome = _run(3, api, ["--kill-rank", kill, "--kill-step", "1"], capfd)
     assert outcome.rc == 0 and len(outcome.results["ranks"]) == 2
+
+
+def test_a_second_failed_call_is_said_and_kept(capsys):
+    """One death makes one failed call on a survivor; a run that failed again (a call that timed out
+    under load, a second death) says so under the table, and the JSON keeps every one."""
+    sys.path.insert(0, os.path.join(ROOT, "lessons"))
+    from fault_tolerance import show
+    first = {"step": 0, "how": "gloo: read error", "world": 3, "epoch": 0, "after_ms": 123.0}
+    again = {"step": 2, "how": "gloo: timed out", "world": 2, "epoch": 1, "after_ms": 10012.0}
+    row = {"rank": 1, "new_rank": 0, "how": "gloo: read error", "wait_ms": 123.0, "recover_ms": 2183.0,
+           "redo_count": 2, "vs_reference": 5.6e-17}
+    args, ctx = types.SimpleNamespace(steps=4), types.SimpleNamespace(world_size=3)
+    show.table(ctx, args, {"ranks": [{**row, "losses": [first]}]})
+    assert "failed again" not in capsys.readouterr().out
+    show.table(ctx, args, {"ranks": [{**row, "losses": [first, again]}]})
+    said = capsys.readouterr().out
+    assert "rank 1 failed again in step 2 (gloo: timed out, 10012 ms into the call, in a world of 2)" in said
+    assert max(map(len, said.splitlines())) <= 100, said

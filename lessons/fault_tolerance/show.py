@@ -4,7 +4,7 @@ import dataclasses
 import os
 import sys
 
-from common import report
+from common import report, timing
 
 ULFM_NEEDED = "needs ULFM: Open MPI 5 + --with-ft ulfm (make setup MPI=openmpi)"
 
@@ -91,11 +91,17 @@ def survivors(ctx, world, q):
     return dataclasses.replace(ctx, comm=world.comm if q is None else StoreComm(q, world.members), rank=world.rank)
 
 
+def loss(exc, step, world, t0):
+    """One failed call, for the JSON: its step, how it failed, the world it failed in, when."""
+    return {"step": step, "how": how(exc), "world": world.size, "epoch": world.epoch,
+            "after_ms": round((timing.now(timing.HOST) - t0) * 1e3, 1)}
+
+
 def row(world, model, ref, events):
     return {"rank": world.members[world.rank], "new_rank": world.rank, "world_after": world.size,
             "vs_reference": max_diff(model, ref), "redo_count": len(events["redone"]),
             "redone_step": (events["redone"] or [-1])[0], "wait_ms": events["wait_ms"],
-            "recover_ms": events["recover_ms"], "how": events["how"]}
+            "recover_ms": events["recover_ms"], "how": events["how"], "losses": events["losses"]}
 
 
 def params(args):
@@ -126,6 +132,10 @@ def table(ctx, args, doc):
     print(f"{len(rows)} of {ctx.world_size} ranks finished all {args.steps} steps. wait: from the start of the "
           "failed call to its error;\n  recover: from that error to the survivors' next step done (agree, new "
           "group, the step redone)", flush=True)
+    for r in rows:  # one death makes one failed call a survivor; more is said, never hidden
+        for extra in r.get("losses", [])[1:]:
+            print(f"rank {r['rank']} failed again in step {extra['step']} ({extra['how']}, "
+                  f"{extra['after_ms']:.0f} ms into the call, in a world of {extra['world']})")
 
 
 def _ms(value):
