@@ -369,7 +369,7 @@ def _chosen(a, lesson, every):
     nps = [preflight.parse_np(n, lesson) for n in a.np] if a.np else [max(lesson.meta["np"]["check"])]
     ceiling = preflight.np_ceiling()
     for n in nps:
-        preflight.validate(lesson, n, a.api, "cpu")
+        preflight.check_request(lesson, n, a.api, "cpu")
         if ceiling and n > ceiling:
             raise ValueError(f"--np {n}: more ranks than this machine runs ({ceiling})")
     if a.ids:

@@ -60,7 +60,7 @@ def _captured(monkeypatch, lesson_id):
     def fake_run(cmd, timeout, **kw):
         seen.append(cmd)
         return launch.Outcome(rc=0, seconds=0.0)
-    monkeypatch.setattr(engine.launch, "run", fake_run)
+    monkeypatch.setattr(engine.launch, "supervise", fake_run)
     as_launcher(monkeypatch, "hydra")
     monkeypatch.setattr(engine.launch, "command", lambda script, np, args: ["mpiexec", "-n", str(np), script])
     engine.run_lesson(lesson(lesson_id), 3, "torch", "cpu", echo=False)

@@ -167,7 +167,7 @@ def test_no_run_folder_is_left_behind(tmp_path, args):
 def test_a_programmatic_caller_cannot_switch_the_watchdog_off():
     for timeout in (float("nan"), float("inf"), 0, -1, None):
         with pytest.raises(launchers.LaunchError, match="finite timeout"):
-            launch.run(["true"], timeout)
+            launch.supervise(["true"], timeout)
 
 
 # ---- the results JSON: never over someone else's file ---------------------------------------------

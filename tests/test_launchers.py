@@ -232,7 +232,7 @@ def test_a_session_folder_a_killed_launcher_left_never_stops_a_later_run(tmp_pat
     probe = ("import os; t, r = os.environ['TMPDIR'], os.environ['TUTOR_RUN_DIR']; "
              "os.write(1, f'tmp-in-run-folder {t.startswith(r + os.sep) and os.path.isdir(t)}\\n'.encode())")
     cmd = [*launchers.mpiexec(2), "-n", "2", launchers.python(), "-c", probe]
-    out = launch.run(cmd, timeout=60, echo=False, env={"TMPDIR": str(tmp_path)})
+    out = launch.supervise(cmd, timeout=60, echo=False, env={"TMPDIR": str(tmp_path)})
     said = "\n".join(out.tail)
     assert out.rc == 0 and said.count("tmp-in-run-folder True") == 2, said
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"ompi.{p}" for p in range(last + 1, last + 400))

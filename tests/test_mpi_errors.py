@@ -88,7 +88,7 @@ def test_a_real_truncated_receive_is_named_on_the_mpi_installed(tmp_path):
     script = tmp_path / "ring.py"
     script.write_text(RING)
     cmd = launch.command(str(script), 2, ["--api", "mpi4py", "--device", "cpu"])
-    done = launch.run(cmd, 60, echo=False, env={"PYTHONPATH": ROOT})
+    done = launch.supervise(cmd, 60, echo=False, env={"PYTHONPATH": ROOT})
     lines = verdict.explain(None, done, None)
     assert done.rc != 0 and lines, lines
     assert "failed: MPI.Exception: MPI_ERR_TRUNCATE" in lines[0], lines

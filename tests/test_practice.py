@@ -104,7 +104,7 @@ def _written(first=None, second=None):
 
 def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, monkeypatch):
     mine = _written(first=["y = x + 1", "y = y + 0", "z = y * 2", "assert x != 5, 'mine'"])
-    plan = grading.plan(SOURCE, mine, "practice/f.py", "lessons/f.py", "07")
+    plan = grading.splice(SOURCE, mine, "practice/f.py", "lessons/f.py", "07")
     assert (plan.mine, plan.reference) == (["first"], ["second"])
     assert plan.notes() == ["exercise second: still the TODO, so the lesson's reference runs in its place; "
                             "graded: your first"]
@@ -132,8 +132,8 @@ def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, mon
 def test_a_copy_with_nothing_written_is_refused_before_a_launch():
     with pytest.raises(exercise.PracticeError, match=r"nothing to check yet: .*first \(practice/f.py:4\), "
                                                      r"second \(practice/f.py:9\).*no run was started"):
-        grading.plan(SOURCE, exercise.make_stub(SOURCE, "07"), "practice/f.py", "lessons/f.py", "07")
-    both = grading.plan(SOURCE, _written(first=["y = 3", "z = 4"], second=["return 0"]), "p.py", "l.py", "07")
+        grading.splice(SOURCE, exercise.make_stub(SOURCE, "07"), "practice/f.py", "lessons/f.py", "07")
+    both = grading.splice(SOURCE, _written(first=["y = 3", "z = 4"], second=["return 0"]), "p.py", "l.py", "07")
     assert both.mine == ["first", "second"] and both.reference == [] and both.notes() == []
 
 
@@ -141,13 +141,13 @@ def test_a_value_every_rank_got_alike_is_said_once(sandbox):
     lesson = catalog.resolve("01")
     checks = [{"name": "sum of rank+1 is N(N+1)/2", "ok": False, "want": "== 10",
                "got": [f"rank {r}: 0.00054824986801602" for r in range(4)]}]
-    lines = exercise.explain(lesson, launch.Outcome(rc=0, seconds=0), checks, lesson.path, [])
+    lines = exercise.explain_for_learner(lesson, launch.Outcome(rc=0, seconds=0), checks, lesson.path, [])
     assert lines == ['check failed: "sum of rank+1 is N(N+1)/2": wanted ranks[*].sum == 10, but got '
                      "ranks 0-3: 0.00054825"]
 
 
 def test_a_run_that_never_reached_your_code_is_not_graded():
-    plan = grading.Plan("p.py", "l.py", "", mine=["spread"], reference=["double"])
+    plan = grading.Splice("p.py", "l.py", "", mine=["spread"], reference=["double"])
     passed = launch.Outcome(rc=0, seconds=0, ran={"double"})
     assert practice.graded_verdict(plan, passed, "pass", [])[0] == "not graded"
     failed = practice.graded_verdict(plan, passed, "fail", ["check failed: x"])
@@ -329,9 +329,9 @@ def test_after_a_run_the_takeaway_or_the_view_that_shows_the_failure(sandbox):
 
 def test_a_pass_counts_only_what_was_graded(sandbox):
     lesson = catalog.resolve("01")
-    half = grading.Plan("p.py", "l.py", "", mine=["allreduce"], reference=["other"])
+    half = grading.Splice("p.py", "l.py", "", mine=["allreduce"], reference=["other"])
     assert "next, write exercise other" in practice.record(lesson, ["pass", "pass"], half, full=True)
-    yours = grading.Plan("p.py", "l.py", "", mine=["allreduce"])
+    yours = grading.Splice("p.py", "l.py", "", mine=["allreduce"])
     assert "nothing was graded" in practice.record(lesson, ["not graded", "blocked"], yours, full=True)
     assert "not yet" in practice.record(lesson, ["pass", "not run"], yours, full=True)
     assert practice.state(lesson) == "in progress"
@@ -343,7 +343,7 @@ def test_solution_waits_for_a_full_pass(sandbox):
     with pytest.raises(exercise.PracticeError, match="solve it first"):
         practice.solution(lesson)
     assert "op=MPI.SUM" in practice.solution(lesson, force=True)
-    yours = grading.Plan("p.py", "l.py", "", mine=["allreduce"])
+    yours = grading.Splice("p.py", "l.py", "", mine=["allreduce"])
     practice.record(lesson, ["pass"], yours, full=False)  # one NP only: not yet
     assert practice.state(lesson) == "in progress"
     practice.record(lesson, ["pass", "not graded"], yours, full=True)
@@ -356,7 +356,7 @@ def test_unfinished_names_the_exercise_and_where(sandbox):
     path, _, _ = practice.write_copy(lesson)
     out = launch.Outcome(rc=1, seconds=0.1, errors={
         0: f"NotImplementedError: exercise allreduce: not done yet ({path_shown(path)}:13)"})
-    lines = exercise.explain(lesson, out, None, path, verdict.explain(lesson, out, None))
+    lines = exercise.explain_for_learner(lesson, out, None, path, verdict.explain(lesson, out, None))
     assert lines == [f"exercise 'allreduce' is not done yet: replace the TODO and the `raise "
                      f"NotImplementedError` at {path_shown(path)}:12-13 with your code"]
 
@@ -447,7 +447,7 @@ def answer_key(lesson, np, stub_path, with_reference=False, only=None):
     for script in (stub_path, None) if with_reference else (stub_path,):
         outcome, checks = engine.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []),
                                             echo=False, script=script)
-        why = exercise.explain(lesson, outcome, checks, script or lesson.path,
+        why = exercise.explain_for_learner(lesson, outcome, checks, script or lesson.path,
                                verdict.explain(lesson, outcome, checks))
         reasons.append(None if verdict.ok(outcome, checks) else "; ".join(why) or f"exit {outcome.rc}")
     return reasons

@@ -337,7 +337,7 @@ def test_debug_collectives_waits_for_a_slow_rank_and_stops_a_stuck_one(tmp_path,
     script = tmp_path / f"{mode}.py"
     script.write_text(LATE.format(root=ROOT, mode=mode, late=2.2))
     cmd = launch.command(str(script), 2, ["--api", "mpi4py", "--device", "cpu", "--debug-collectives"])
-    outcome = launch.run(cmd, 60, echo=False)
+    outcome = launch.supervise(cmd, 60, echo=False)
     said = "\n".join(outcome.tail[-20:]) + str(outcome.errors)
     assert not outcome.timed_out, said
     if mode == "late":

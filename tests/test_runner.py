@@ -240,7 +240,7 @@ def test_each_rank_gets_one_blas_thread_unless_the_learner_set_it(tmp_path, monk
     seen = tmp_path / "seen"
     script = f"import os; open({str(seen)!r}, 'w').write(os.environ['OPENBLAS_NUM_THREADS'] + ' ' + " \
              "os.environ['OMP_NUM_THREADS'])"
-    outcome = launch.run([sys.executable, "-c", script], 30, echo=False)
+    outcome = launch.supervise([sys.executable, "-c", script], 30, echo=False)
     assert outcome.rc == 0
     assert seen.read_text() == f"{mine or 1} 1"
 
@@ -248,7 +248,7 @@ def test_each_rank_gets_one_blas_thread_unless_the_learner_set_it(tmp_path, monk
 def test_check_tally_says_the_counts_and_the_exit_status():
     """Failures or runs not made exit 1; otherwise anything blocked exits 4; all passed (or not graded) 0."""
     from common.runner import checking
-    how = checking.Plan()
+    how = checking.CheckPlan()
 
     def cases(*verdicts):
         return [(None, 2, "mpi4py", None, v, []) for v in verdicts]
@@ -257,7 +257,7 @@ def test_check_tally_says_the_counts_and_the_exit_status():
     assert checking.tally(how, cases("timeout", "blocked", "not run")) == (
         "0 passed, 1 failed, 1 blocked, 1 not run", 1)
     assert checking.tally(how, cases("pass", "not run"))[1] == 1
-    assert checking.tally(checking.Plan(unwritten=["05: nothing written"]), cases("pass"))[1] == 1
+    assert checking.tally(checking.CheckPlan(unwritten=["05: nothing written"]), cases("pass"))[1] == 1
 
 
 def test_the_still_running_line_tells_starting_and_working_from_stuck(tmp_path):

@@ -138,6 +138,6 @@ def test_a_failing_rank_still_takes_every_rank_down_at_once(tmp_path):
     probe = tmp_path / "failing.py"
     probe.write_text(FAILING)
     cmd = launch.command(str(probe), 2, ["--api", "torch", "--device", "cpu"])
-    done = launch.run(cmd, 45, echo=False, env={"PYTHONPATH": ROOT})
+    done = launch.supervise(cmd, 45, echo=False, env={"PYTHONPATH": ROOT})
     assert not done.timed_out, "the failing rank hung at exit instead of aborting the run"
     assert done.rc != 0 and "a learner's mistake" in done.errors.get(1, ""), (done.rc, done.errors)

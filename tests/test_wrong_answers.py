@@ -177,7 +177,8 @@ def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch, reque
     outcome, checks = engine.run_lesson(lesson, np, case.get("api", "mpi4py"), device,
                                         case.get("args", lesson.meta.get("args", [])), echo=False,
                                         script=script, timeout=case.get("timeout"))
-    said = "\n".join(exercise.explain(lesson, outcome, checks, script, verdict.explain(lesson, outcome, checks)))
+    why = verdict.explain(lesson, outcome, checks)
+    said = "\n".join(exercise.explain_for_learner(lesson, outcome, checks, script, why))
     if lesson.meta.get("expects_death") and verdict.status(outcome, checks) == "blocked":  # 18's MPI path
         pytest.skip(f"{case['mistake']}: {outcome.blocked}")
     judge(case, outcome, checks, said)

@@ -1,4 +1,4 @@
-"""`bin/tutor check`: which runs to make (plan), making them one by one (run), and what is said after
+"""`bin/tutor check`: which runs to make (plan_runs), making them one by one (run_all), and what is said after
 (failures grouped, the counts, the exit code). bin/tutor only prints what these return, and exits."""
 import os
 from dataclasses import dataclass, field
@@ -18,33 +18,33 @@ class Interrupted(Exception):
 
 
 @dataclass
-class Plan:
+class CheckPlan:
     runs: list = field(default_factory=list)        # (lesson, np, api, device, why blocked or None)
-    graded: dict = field(default_factory=dict)      # --mine: lesson name -> grading.Plan
+    graded: dict = field(default_factory=dict)      # --mine: lesson name -> grading.Splice
     scripts: dict = field(default_factory=dict)     # --mine: lesson name -> the learner's copy
     unwritten: list = field(default_factory=list)   # --mine: lessons with no exercise written yet
 
 
-def plan(lessons, np=None, api=None, device=None, mine=False, force=False, junit=None):
+def plan_runs(lessons, np=None, api=None, device=None, mine=False, force=False, junit=None):
     """Every run to make, each validated before any starts. Raises exercise.PracticeError,
     preflight.UsageError, launchers.LaunchError or preflight.ScriptError (one line each)."""
-    out = Plan(scripts={l.name: practice.mine_or_fail(l) if mine else None for l in lessons})
+    out = CheckPlan(scripts={l.name: practice.mine_or_fail(l) if mine else None for l in lessons})
     if mine and not lessons:
         raise exercise.PracticeError("nothing to check yet: start with `bin/tutor practice ID`")
     if junit is not None:
         preflight.check_junit_target(junit)
     if mine:  # check --mine records progress: said before any run, not in a traceback after them all
-        practice.writable(os.path.dirname(progress.progress_path()), "TUTOR_STATE")
+        practice.require_writable(os.path.dirname(progress.progress_path()), "TUTOR_STATE")
     for lesson in lessons:
         dev = device or ("gpu" if lesson.needs_gpu else "cpu")
         nps = [preflight.parse_np(np, lesson)] if np else lesson.meta["np"]["check"]
         runs = [(n, a) for n in nps for a in ([api] if api else lesson.meta["apis"])]
         for n, a in runs:
-            preflight.validate(lesson, n, a, dev)
+            preflight.check_request(lesson, n, a, dev)
         preflight.check_script(out.scripts[lesson.name] or lesson.path)
         if mine:
             try:
-                out.graded[lesson.name] = practice.grading_plan(lesson)
+                out.graded[lesson.name] = practice.splice_mine(lesson)
             except exercise.PracticeError as exc:  # nothing written yet: nothing to launch
                 out.unwritten.append(str(exc))
                 continue
@@ -58,7 +58,7 @@ def plan(lessons, np=None, api=None, device=None, mine=False, force=False, junit
     return out
 
 
-def run(how, runs, say):
+def run_all(how, runs, say):
     """Make `runs` (how.runs, perhaps behind a progress bar) in order; returns (table rows, cases,
     hung). A case is (lesson, np, api, outcome or None, status, why). Once a lesson hangs, its other
     runs are not started: a deadlock hangs every NP alike. Raises Interrupted, UsageError, LaunchError."""
@@ -71,7 +71,7 @@ def run(how, runs, say):
             continue
         waiting = engine.Waiting(f"{lesson.name} np={n} {a}", engine.limit(lesson), say, n)
         outcome, checks = engine.run_lesson(lesson, n, a, dev, lesson.meta.get("args", []), echo=False,
-                                            tick=waiting, plan=how.graded.get(lesson.name))
+                                            tick=waiting, splice=how.graded.get(lesson.name))
         why = verdict.explain(lesson, outcome, checks)
         if outcome.interrupted:
             raise Interrupted(why, outcome.rc)
@@ -79,7 +79,7 @@ def run(how, runs, say):
             hung[lesson.name] = f"np={n} {a}"
         status = verdict.status(outcome, checks)
         if lesson.name in how.graded:
-            why = exercise.explain(lesson, outcome, checks, how.scripts[lesson.name], why)
+            why = exercise.explain_for_learner(lesson, outcome, checks, how.scripts[lesson.name], why)
             status, why = practice.graded_verdict(how.graded[lesson.name], outcome, status, why)
         rows.append((lesson.name, n, a, f"{sum(c['ok'] for c in checks or [])}/{len(checks or [])}",
                      f"{outcome.seconds:.1f}", MARKS[status]))

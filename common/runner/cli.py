@@ -155,7 +155,7 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
     if sanitize:  # the ranks read it (common/bootstrap.py); the runner's limits too (engine.limit)
         os.environ["TUTOR_SANITIZE"] = "1"
     try:
-        how = checking.plan(lessons, np, api, device, mine, force, junit)
+        how = checking.plan_runs(lessons, np, api, device, mine, force, junit)
     except (exercise.PracticeError, preflight.UsageError, launchers.LaunchError) as exc:
         die(str(exc))
     except preflight.ScriptError as exc:
@@ -169,7 +169,7 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
             typer.echo(fit(f"note: {line}"))
     with progress(how.runs, "checking", lambda p: f"{p[0].name} np={p[1]} {p[2]}") as bar:
         try:
-            rows, cases, hung = checking.run(how, bar, lambda text: typer.echo(fit(text), err=True))
+            rows, cases, hung = checking.run_all(how, bar, lambda text: typer.echo(fit(text), err=True))
         except (preflight.UsageError, launchers.LaunchError) as exc:
             die(str(exc))
         except checking.Interrupted as exc:

@@ -27,8 +27,8 @@ def limit(lesson, extra=()):
     return lesson.meta["timeout_s"] * (SANITIZED_SLOWER if sanitized(extra) else 1)
 
 
-def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, script=None, tick=None, plan=None):
-    """Launch one lesson (or `script`, or a practice grading.Plan); return (outcome, checks). checks is
+def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, script=None, tick=None, splice=None):
+    """Launch one lesson (or `script`, or a practice grading.Splice); return (outcome, checks). checks is
     None when there were no results."""
     extra = [str(a) for a in extra]
     check_extra(extra)
@@ -37,12 +37,12 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
     args = ["--api", api, "--device", device, *extra]
     line = launchers.survivable if lesson.meta.get("expects_death") else (lambda c: c)  # a rank dies on purpose
     cmd, env, launched = line(launch.command(script or lesson.path, np, args)), launchers.world_env(np), []
-    if plan:  # the graded text goes in the run folder; common/ is found through PYTHONPATH
+    if splice:  # the graded text goes in the run folder; common/ is found through PYTHONPATH
         def cmd(run_dir):
             os.mkdir(run_folder.mine(run_dir))
             launched.append(os.path.join(run_folder.mine(run_dir), os.path.basename(lesson.path)))
             with open(launched[0], "w") as f:
-                f.write(plan.text)
+                f.write(splice.text)
             return line(launch.command(launched[0], np, args))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
         # a practice copy runs sanitized (common/sanitize.py): a racy answer that got lucky fails every
@@ -63,11 +63,11 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
     if echo and np > cores:
         print(f"note: {np} ranks share {cores} {what}, so timings will be "
               "distorted (results are still checked)", flush=True)
-    outcome = launch.run(cmd, timeout or limit(lesson, extra), echo=echo, env=env, tick=tick)
+    outcome = launch.supervise(cmd, timeout or limit(lesson, extra), echo=echo, env=env, tick=tick)
     if lesson.meta.get("expects_death"):
         outcome.rc = expected_death(outcome)
     if launched:
-        grading.relabel(outcome, plan, launched[0])
+        grading.relabel(outcome, splice, launched[0])
     if outcome.results and outcome.results.get("np", np) != np and not outcome.wrong_world:
         outcome.wrong_world = (f"wrong world: the results are of {outcome.results.get('np')} rank(s), "
                                f"{np} were started: mpi4py must be built for the launcher's MPI")
@@ -100,7 +100,7 @@ def lesson_help(lesson):
     """The lesson's own --help, once (one rank), with no verdict: the exit status of the lesson."""
     cmd = launch.command(lesson.path, 1, ["--help"])
     print(shown(cmd), flush=True)
-    return launch.run(cmd, 60).rc
+    return launch.supervise(cmd, 60).rc
 
 
 class Waiting:

@@ -97,7 +97,7 @@ def unfinished(outcome, script):
     return lines
 
 
-def explain(lesson, outcome, checks, script, lines):
+def explain_for_learner(lesson, outcome, checks, script, lines):
     """runner.explain's lines, said for a learner: unfinished exercises first, checks in words."""
     said = unfinished(outcome, script)
     if said and checks is None:

@@ -50,21 +50,21 @@ class Watch:
     in a call, nothing moving, for its stuck_s (poll); diagnoses every run it watched (finish)."""
 
     def __init__(self, run_dir):
-        self.run_dir, self.plan, self.last, self.since, self.early = run_dir, None, None, None, None
+        self.run_dir, self.fault, self.last, self.since, self.early = run_dir, None, None, None, None
         self.first = None  # the records when the run was about to be ended (before)
 
     def poll(self, seconds):
         """True when the run should be ended now: stuck as a planted fault makes it."""
-        if self.plan is None:
-            self.plan = planted(self.run_dir) or None
-        if not self.plan or not self.plan.get("stuck_s"):
+        if self.fault is None:
+            self.fault = planted(self.run_dir) or None
+        if not self.fault or not self.fault.get("stuck_s"):
             return False
         snap = read(self.run_dir)
         sig = {r: h["writes"] for r, (h, _) in snap.items()}
-        if not stuck(snap, self.plan["np"]) or sig != self.last:
+        if not stuck(snap, self.fault["np"]) or sig != self.last:
             self.last, self.since = sig, seconds
             return False
-        if seconds - self.since >= self.plan["stuck_s"]:
+        if seconds - self.since >= self.fault["stuck_s"]:
             self.early = seconds - self.since
             return True
         return False
@@ -74,7 +74,7 @@ class Watch:
 
     def finish(self, out, np):
         """Set out.diagnosis (and out.planted) from the records of any run that was not interrupted."""
-        out.planted = self.plan or planted(self.run_dir)
+        out.planted = self.fault or planted(self.run_dir)
         out.stuck = self.early
         if out.interrupted:  # every other run is read: one that passed must show no divergence (a
             return           # fault MPI let pass still shows in the records)

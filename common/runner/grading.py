@@ -30,7 +30,7 @@ def recorder(indent, name):
 
 
 @dataclass
-class Plan:
+class Splice:
     copy: str                                   # the learner's file, as the learner knows it
     lesson_path: str                            # the lesson: where the reference lines come from
     text: str                                   # what is launched
@@ -47,8 +47,9 @@ class Plan:
                 f"graded: your {theirs}" for name in self.reference]
 
 
-def plan(lesson_text, copy_text, copy_path, lesson_path, lesson_id):
-    """The Plan for grading `copy_text`; PracticeError (one line) when no region was written yet."""
+def splice(lesson_text, copy_text, copy_path, lesson_path, lesson_id):
+    """The Splice that grades `copy_text` (its regions in the lesson's text); PracticeError (one line)
+    when no region was written yet."""
     shown = path_shown(copy_path)
     ref = {r.name: r for r in find_regions(lesson_text, path_shown(lesson_path))}
     ref_lines, lines = lesson_text.splitlines(keepends=True), copy_text.splitlines(keepends=True)
@@ -94,11 +95,11 @@ def plan(lesson_text, copy_text, copy_path, lesson_path, lesson_id):
         compile(text, shown, "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
         text, origin, skip = copy_text, [(copy_path, n + 1) for n in range(len(lines))], set()
-    return Plan(copy_path, lesson_path, text, [r.name for r in regions if r.name not in skip],
-                [r.name for r in regions if r.name in skip], origin)
+    return Splice(copy_path, lesson_path, text, [r.name for r in regions if r.name not in skip],
+                  [r.name for r in regions if r.name in skip], origin)
 
 
-def relabel(outcome, plan, launched):
+def relabel(outcome, splice, launched):
     """Rewrite every `launched:LINE` and `File "launched", line LINE` the run reported (errors,
     output, stacks) as the copy's (or the lesson's) own file and line. Changes `outcome` in place."""
     spellings = {launched, os.path.abspath(launched), os.path.relpath(launched),
@@ -108,7 +109,7 @@ def relabel(outcome, plan, launched):
 
     def swap(m):
         n = int(m.group(3))
-        path, line = plan.origin[n - 1] if 0 < n <= len(plan.origin) else (plan.copy, n)
+        path, line = splice.origin[n - 1] if 0 < n <= len(splice.origin) else (splice.copy, n)
         return f"{path_shown(path)}{m.group(2)}{line}"
 
     def fix(text):
@@ -119,6 +120,6 @@ def relabel(outcome, plan, launched):
     return outcome
 
 
-def reached(outcome, plan):
+def reached(outcome, splice):
     """The learner's regions the run reached, in the copy's order."""
-    return [name for name in plan.mine if name in outcome.ran]
+    return [name for name in splice.mine if name in outcome.ran]

@@ -70,7 +70,7 @@ class Outcome:
     held: dict = field(default_factory=dict)     # a planted fault's run: error output not shown, by writer
 
 
-def run(cmd, timeout, echo=True, env=None, tick=None):
+def supervise(cmd, timeout, echo=True, env=None, tick=None):
     """Run `cmd`; stream its output; end it at `timeout` (with per-rank stacks) or on a stop signal;
     return an Outcome once every process of the run is gone and its run folder removed. `tick(seconds)`
     is called about every 0.1 s while it runs. The lesson writes its results into the run folder.

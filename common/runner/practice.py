@@ -29,8 +29,8 @@ def write_copy(lesson, force=False):
         raise PracticeError(f"{lesson.name} has no exercise yet (no `# >>> exercise:` markers)")
     path, backup = copy_path(lesson), None
     stub = make_stub(text, lesson.id, os.path.relpath(lesson.path))
-    writable(os.path.dirname(path), "TUTOR_PRACTICE")
-    writable(os.path.dirname(progress_path()), "TUTOR_STATE")
+    require_writable(os.path.dirname(path), "TUTOR_PRACTICE")
+    require_writable(os.path.dirname(progress_path()), "TUTOR_STATE")
     untouched = False
     if os.path.exists(path):
         if not force:
@@ -46,7 +46,7 @@ def write_copy(lesson, force=False):
     return path, regions, backup
 
 
-def writable(folder, variable):
+def require_writable(folder, variable):
     """PracticeError (one line, before anything is done) when `folder` cannot take files, naming it
     and the way out: the variable that puts that folder elsewhere."""
     if not files.writable(folder):
@@ -72,7 +72,7 @@ def next_hint(lesson):
     hints = [hints] if isinstance(hints, str) else list(hints)
     if not hints:
         return [], 0
-    writable(os.path.dirname(progress_path()), "TUTOR_STATE")
+    require_writable(os.path.dirname(progress_path()), "TUTOR_STATE")
     failed = last_failure(lesson)
     order = closest_first(hints, " ".join(failed["what"])) if failed else list(range(len(hints)))
 
@@ -179,7 +179,7 @@ def welcome(lesson, path, regions, backup):
     return "\n".join(lines)
 
 
-def grading_plan(lesson):
+def splice_mine(lesson):
     """How `check --mine` runs the learner's copy (common/runner/grading.py); PracticeError when no
     exercise has been written yet, so nothing is launched."""
     path = mine_or_fail(lesson)
@@ -187,30 +187,30 @@ def grading_plan(lesson):
         reference = f.read()
     with open(path) as f:
         mine = f.read()
-    return grading.plan(reference, mine, path, lesson.path, lesson.id)
+    return grading.splice(reference, mine, path, lesson.path, lesson.id)
 
 
-def graded_verdict(plan, outcome, verdict, why):
+def graded_verdict(splice, outcome, verdict, why):
     """(verdict, why) of one --mine run, said for what it graded: a run that passed without reaching
     any region the learner wrote graded nothing of theirs ('not graded')."""
-    names = " and ".join(plan.mine)
-    ran = grading.reached(outcome, plan)
+    names = " and ".join(splice.mine)
+    ran = grading.reached(outcome, splice)
     if not ran:
         if verdict == "pass":
             return "not graded", [f"this run never reached your {names}, so its pass says nothing "
                                   "about your code"]
         return verdict, why + [f"(this run never reached your {names})"]
-    if verdict != "pass" and len(plan.mine) > 1:
+    if verdict != "pass" and len(splice.mine) > 1:
         why = why + [f"your code that ran: {', '.join(ran)}"]
     return verdict, why
 
 
-def record(lesson, verdicts, plan, full):
+def record(lesson, verdicts, splice, full):
     """Save the outcome of `check --mine` (one verdict per run); return what the learner reads next."""
     graded = [v for v in verdicts if v in ("pass", "fail", "crash", "timeout", "usage")]
     passed = bool(graded) and all(v == "pass" for v in graded) and "not run" not in verdicts
     shown = path_shown(copy_path(lesson))
-    if passed and full and not plan.reference:
+    if passed and full and not splice.reference:
         update(lesson, state="passed")
         return (f"✓ {lesson.name}: your code passes every check. `bin/tutor solution {lesson.id}` shows "
                 "the reference to compare with.")
@@ -220,21 +220,21 @@ def record(lesson, verdicts, plan, full):
             entry["state"] = "in progress"
     change(lesson, at_least_in_progress)
     if not graded and "not graded" in verdicts:
-        return (f"– {lesson.name}: no run reached your {' and '.join(plan.mine)}, so nothing was graded; "
+        return (f"– {lesson.name}: no run reached your {' and '.join(splice.mine)}, so nothing was graded; "
                 f"run `bin/tutor check {lesson.id} --mine` without --api / -n to try every path")
-    if passed and plan.reference:
-        return (f"{lesson.name}: your {' and '.join(plan.mine)} passes every run that reached it; next, "
-                f"write exercise {plan.reference[0]} in {shown} (the reference ran in its place)")
+    if passed and splice.reference:
+        return (f"{lesson.name}: your {' and '.join(splice.mine)} passes every run that reached it; next, "
+                f"write exercise {splice.reference[0]} in {shown} (the reference ran in its place)")
     if passed:
         return (f"{lesson.name}: passed this NP/API; `bin/tutor check {lesson.id} --mine` runs them all "
                 "and marks it passed")
     return f"✗ {lesson.name}: not yet. Edit {shown}; `bin/tutor hint {lesson.id}` helps"
 
 
-def running_mine(lesson, script, plan):
+def running_mine(lesson, script, splice):
     """What `run --mine` says before it launches: which file runs, and where the reference stands in."""
     return [f"your copy {path_shown(script)}, run as `bin/tutor check {lesson.id} --mine` runs it"] + [
-        f"note: {line}" for line in plan.notes()]
+        f"note: {line}" for line in splice.notes()]
 
 
 def after_run(lesson, verdict, np, api, device, mine, lesson_args):

@@ -114,7 +114,7 @@ def check_junit_target(path):
         raise UsageError(str(exc)) from None
 
 
-def validate(lesson, np, api, device):
+def check_request(lesson, np, api, device):
     """The request itself: API offered, a device word, a device the lesson has (UsageError)."""
     if api not in lesson.meta["apis"]:
         raise UsageError(f"{lesson.name} offers --api {' or '.join(lesson.meta['apis'])}, not {api!r}")

@@ -29,13 +29,13 @@ def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_a
             preflight.check_script(lesson.path)
             return engine.lesson_help(lesson)
         n = preflight.parse_np(np, lesson)
-        preflight.validate(lesson, n, api, device)
+        preflight.check_request(lesson, n, api, device)
         preflight.parse_timeout(timeout)
         preflight.check_extra(args)
         extra = files.lesson_outputs(args)  # vetted and made absolute: the ranks run in the root
         if json_path is not None:
             preflight.check_json_target(json_path)
-        plan = practice.grading_plan(lesson) if mine else None  # as `check --mine` grades it
+        splice = practice.splice_mine(lesson) if mine else None  # as `check --mine` grades it
     except (preflight.UsageError, launchers.LaunchError, files.FileError, exercise.PracticeError) as exc:
         raise Ended(str(exc)) from None
     try:
@@ -52,17 +52,17 @@ def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_a
             except preflight.UsageError as bad:
                 raise Ended(str(bad)) from None
         raise Ended(why, verdict.EXIT[status]) from None
-    for line in practice.running_mine(lesson, script, plan) if mine else []:
+    for line in practice.running_mine(lesson, script, splice) if mine else []:
         echo(fit(line))
     try:
-        outcome, checks = engine.run_lesson(lesson, n, api, device, extra, timeout, plan=plan)
+        outcome, checks = engine.run_lesson(lesson, n, api, device, extra, timeout, splice=splice)
     except (preflight.UsageError, launchers.LaunchError) as exc:
         raise Ended(str(exc)) from None
     why = verdict.explain(lesson, outcome, checks)
     status, rc = verdict.status(outcome, checks), verdict.exit_code(outcome, checks)
     if mine:  # said for a learner, as `check --mine` says it
-        why = exercise.explain(lesson, outcome, checks, script, why)
-        status, why = practice.graded_verdict(plan, outcome, status, why)
+        why = exercise.explain_for_learner(lesson, outcome, checks, script, why)
+        status, why = practice.graded_verdict(splice, outcome, status, why)
 
     def keep():  # after the verdict is said: a results file that fails to write loses nothing
         try:

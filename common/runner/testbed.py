@@ -475,7 +475,7 @@ def describe(b):
     return text.wrapped(f"testbed {b.tag}: " + ", ".join(f"{n} {a}" for n, a in b.nodes) + f"; {tmp}{link}{slurm}")
 
 
-def run(argv, resolve=False, per_node=2, local_tmp=True, link_gbit=None, slurm=False):
+def run_on_bed(argv, resolve=False, per_node=2, local_tmp=True, link_gbit=None, slurm=False):
     """Run argv (e.g. bin/tutor run 05 -n 4) with MPIEXEC set to a fresh bed's line, or with slurm, with
     SLURM_CONF set to its cluster's (argv then asks for an allocation: salloc -N 2 -n 4 ...); its status."""
     with bed(resolve, per_node, local_tmp, link_gbit, slurm=slurm) as b:
