@@ -1,33 +1,33 @@
 """Lesson 17 — is it rounding or a bug? A sum across ranks: measured, made reproducible, budgeted.
 
-The idea: a rounded addition is not associative, so a sum across ranks depends on its order and on
-the dtype it adds in. A correct answer is not the exact one; a bug is one outside the rounding budget.
-  * measure: lesson 05's ring and the library's all-reduce in float32, bfloat16 and float16, against a
-    float64 sum of the same values (RMS error). A ring adds one rank's value to a growing partial sum
-    at each hop; in bfloat16 every hop rounds, so the error grows like N. Adding in float32 and rounding
-    once, it grows like sqrt(N): section 2 fits both slopes in one process (N = 2 .. 16).
-  * build (a): bfloat16 on the wire, float32 in the adder. Lesson 09's all-to-all hands rank r block r
-    from every rank, in bfloat16; rank r adds them in float32 and rounds once; lesson 09's all-gather
-    spreads the blocks. The bytes of the bfloat16 ring, the error of a single rounding.
-  * build (b): a reproducible all-reduce. The world holds M contributions, numbered 0..M-1 and split
-    over the ranks; a fixed binary tree over those numbers decides every addition (numerics/tree.py).
-    Each rank sums the tree's nodes inside its block, the nodes are all-gathered, every rank finishes
-    the same tree: bit for bit the same result at any NP, equal to one process's tree sum.
-  * the oracle (common/tolerance.py, derived there): gamma_k * sum|x|, k = N-1 for a ring (or an order
-    not known), ceil(log2 N) for a tree. Every result here is held to it, element by element.
-NumPy has no bfloat16: on --api mpi4py it is emulated (float32's top 16 bits, rounded to nearest even:
-numerics/bf16.py), travels as uint16, and MPI sums it with a user-defined MPI.Op (the library's order,
-our rounding). torch has bfloat16 of its own, and gloo sums it.
+A rounded addition is not associative, so a sum across ranks depends on its order and on the dtype
+it adds in. A correct answer is not the exact one; a bug is one outside the rounding budget.
+  * measure: lesson 05's ring and the library's all-reduce in float32, bfloat16 and float16 against
+    float64 (RMS error). In bfloat16 each hop of a ring rounds: the error grows like N; added in
+    float32 and rounded once, like sqrt(N). Section 2 fits both slopes in one process (N = 2..16).
+  * build (a): bfloat16 on the wire, float32 in the adder: lesson 09's all-to-all hands rank r block
+    r from every rank, rank r adds in float32 and rounds once, lesson 09's all-gather spreads them.
+  * build (b): a reproducible all-reduce. A fixed binary tree over the world's M numbered
+    contributions decides every addition (numerics/tree.py); each rank sums the nodes inside its
+    block, the nodes are all-gathered, every rank finishes the same tree: the same bits at any NP.
+  * the oracle (common/tolerance.py, derived there): gamma_k * sum|x|, k = N-1 for a ring (or an
+    order not known), ceil(log2 N) for a tree. Every result here is held to it, element by element.
+  * silent corruption: replicas of data-parallel SGD must stay bitwise equal. After each step every
+    rank fingerprints each tensor, the prints are gathered, and the rank outside the majority is
+    named with the tensor and the step (at NP 2 neither can be blamed). A flipped bit and a swap are
+    planted (--flip-rank, --flip-step): an XOR of the words misses the swap, sha256 does not.
+NumPy has no bfloat16: on --api mpi4py it is emulated (numerics/bf16.py), travels as uint16 and is
+summed by a user-defined MPI.Op; torch has bfloat16 of its own, and gloo sums it.
 
-What to watch: section 1's RMS columns (the bf16 ring's error against float32's); which simple order
-the library's result matched bit for bit, if any; section 3's bytes, equal to the ring's; section 4's
-digest, the same at every -n, and its cost against the library's all-reduce (a same-run ratio).
+What to watch: the RMS columns (bf16 ring against float32); which order the library matched bit
+for bit; section 3's bytes, the ring's; section 4's digest, alike at every -n; section 5's names.
 
 Run it:
-  make lesson-17 NP=4                   (API=torch; ARGS="--count 65536 --contributions 40")
+  make lesson-17 NP=4                   (API=torch; ARGS="--flip-rank 3 --flip-step 1")
   .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py lessons/17_numerics.py --api mpi4py
-Tables: lessons/numerics/show.py. The budget: common/tolerance.py (lesson 05's (N-1)*eps, derived).
+Tables: lessons/numerics/show.py; the faults: numerics/silent.py; the budget: common/tolerance.py.
 """
+import collections
 import hashlib
 import os
 import sys
@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from common import bandwidth, bootstrap, buffers, collectives, counting, p2p, report, shards, tolerance  # noqa: E402
-from lessons.numerics import bf16, orders, show, tree, wire  # noqa: E402
+from lessons.numerics import bf16, orders, show, silent, tree, wire  # noqa: E402
 
 five = bootstrap.lesson_module("05")  # ring_allreduce: the ring whose rounding section 1 measures
 nine = bootstrap.lesson_module("09")  # all_to_all, all_gather: the wire of build (a)
@@ -46,6 +46,9 @@ SEED = 17                  # rank r's values: seed SEED + r; contribution j of b
 CONTRIBUTIONS = 12         # build (b): the world's contributions, split over the ranks
 FIT_N = (2, 4, 8, 16)      # section 2: the N of the one-process fit
 ITERS = 5                  # section 4: timed calls of each all-reduce
+SHAPES = {"w1": (5, 7), "b1": (7,), "w2": (7, 3)}  # section 5: the replicas' parameters (float32)
+STEPS = 5                  # section 5: SGD steps, the replicas compared after each
+LR = 0.25                  # section 5: the learning rate
 
 
 def draw(seed, count):
@@ -203,12 +206,85 @@ def reproducible(ctx, be, m, count):
             "repro_us": t_repro * 1e6, "lib_us": t_lib * 1e6, "cost_ratio": t_repro / max(t_lib, 1e-9)}
 
 
+# ---------------------------------------------------------------- section 5: silent corruption
+def fingerprint(values):
+    """One tensor's fingerprint, from this rank's float32 NumPy view of it: two replicas' prints are
+    equal when their bytes are, in the same order (a swap of two elements changes it, as a bit)."""
+    # >>> exercise: fingerprint
+    return hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()[:16]
+    # <<< exercise: fingerprint
+
+
+def suspects(prints, names):
+    """(tensor, ranks) for the first tensor, in names' order, whose replicas disagree (prints[r]:
+    rank r's {name: fingerprint}): the ranks outside a strict majority, or every rank where no print
+    holds one (two replicas that disagree cannot say which is wrong). None when all agree."""
+    # >>> exercise: majority
+    for name in names:
+        votes = collections.Counter(p[name] for p in prints)
+        if len(votes) > 1:
+            held, count = votes.most_common(1)[0]
+            if 2 * count <= len(prints):  # no strict majority: no print outvotes another
+                return name, list(range(len(prints)))
+            return name, [r for r, p in enumerate(prints) if p[name] != held]
+    return None
+    # <<< exercise: majority
+
+
+def gather_prints(ctx, mine):
+    """Every rank's {tensor: fingerprint}, in rank order, on every rank."""
+    if ctx.api == "torch":
+        import torch.distributed as dist
+        every = [None] * ctx.world_size
+        dist.all_gather_object(every, mine)  # gloo: each rank's pickled dict, its size first
+        return every
+    return ctx.comm.allgather(mine)  # mpi4py's lowercase call: pickled objects
+
+
+def train(ctx, be, plant=None):
+    """STEPS steps of data-parallel SGD; rank r's loss 0.5 |p - its targets|^2, so its gradient is
+    p minus its targets. After each update the plant, if its step has come, then the replicas'
+    prints compared. Returns ([(step, tensor, suspects)] where they disagreed, {tensor: values})."""
+    n, rank = ctx.world_size, ctx.rank
+    params = {name: buffers.on_device(ctx, draw((SEED, i), shape).astype(np.float32))
+              for i, (name, shape) in enumerate(SHAPES.items())}  # the same start on every replica
+    seen = []
+    for step in range(STEPS):
+        for i, (name, p) in enumerate(params.items()):
+            mine = draw((SEED, rank, step, i), SHAPES[name]).astype(np.float32)  # this rank's data
+            g = buffers.on_device(ctx, buffers.to_host(p) - mine)
+            be.allreduce(g)       # comm.Allreduce / dist.all_reduce: the sum, alike on every rank
+            p -= g * (LR / n)     # the mean gradient's step: replicas stay bitwise equal
+        if plant and (plant["planted_on"], plant["step"]) == (rank, step):
+            silent.apply(buffers.to_host(params[plant["tensor"]]), plant)  # this rank only
+        mine = {name: fingerprint(buffers.to_host(p)) for name, p in params.items()}
+        prints = gather_prints(ctx, mine)
+        odd = suspects(prints, list(SHAPES))
+        if odd:
+            seen.append((step, *odd))
+    return seen, {name: buffers.to_host(p).copy() for name, p in params.items()}
+
+
+def silent_corruption(ctx, be, flip_rank, flip_step):
+    """A clean run, then a run per plant: what each named (rank, tensor, step); the hashes shown."""
+    clean, params = train(ctx, be)
+    runs = [{**plant, **silent.named(train(ctx, be, plant)[0])}
+            for plant in silent.plants(ctx.world_size, STEPS, flip_rank, flip_step)]
+    return {"clean_named": len(clean), "plants": runs, "hashes": silent.hashes(params, fingerprint)}
+
+
 def flags():
     parser = bootstrap.lesson_parser(__file__, __doc__)
     parser.add_argument("--count", type=bootstrap.positive(int, most=1 << 22), default=COUNT,
                         help=f"values per rank (default {COUNT})")
     parser.add_argument("--contributions", type=bootstrap.positive(int, most=4096),
                         default=CONTRIBUTIONS, help=f"build (b): the world's M contributions (default {CONTRIBUTIONS})")
+    parser.add_argument("--flip-rank", type=bootstrap.nonneg_int, metavar="R",
+                        help="section 5: plant faults on rank R only (default: rank 0, last rank)")
+    parser.add_argument("--flip-step", type=bootstrap.nonneg_int, metavar="S",
+                        help=f"section 5: plant them right after step S, 0..{STEPS - 1} (default: "
+                             f"rank 0's after the first, the last's after the last; "
+                             f"with R, {STEPS // 2})")
     return parser
 
 
@@ -216,6 +292,11 @@ def main():
     args, ctx = bootstrap.start(__file__, flags())
     if ctx.device == "gpu":  # the emulated bfloat16 is NumPy's; NCCL's own bf16 is another lesson
         ctx.fail("lesson 17 measures on the CPU: run it with --device cpu", blocked=True)
+    if (args.flip_rank or 0) >= ctx.world_size:  # section 5's flags, refused before section 1 runs
+        ctx.fail(f"--flip-rank {args.flip_rank}: a rank from 0 to {ctx.world_size - 1} (NP = "
+                 f"{ctx.world_size})")
+    if (args.flip_step or 0) >= STEPS:
+        ctx.fail(f"--flip-step {args.flip_step}: a step from 0 to {STEPS - 1}")
     be = p2p.backend(ctx)                          # be.exchange: comm.Sendrecv / batch_isend_irecv
     counted = counting.Counted(be, ctx.world_size)  # every exchange of the ring and of build (a), counted
     sums = [measure(ctx, be, counted, d, args.count) for d in wire.DTYPES]  # 1. ring and library vs fp64
@@ -226,9 +307,14 @@ def main():
     show.wide(ctx, rs, sums[wire.DTYPES.index("bfloat16")], args.count)
     rp = reproducible(ctx, be, args.contributions, args.count)            # 4. build (b): reproducible
     show.reproducible(ctx, rp, args.contributions)
-    params = {"count": args.count, "contributions": args.contributions}
+    sc = silent_corruption(ctx, be, args.flip_rank, args.flip_step)       # 5. replicas compared
+    show.silent(ctx, sc, SHAPES, STEPS)                                   #    and XOR, shown
+    params = {"count": args.count, "contributions": args.contributions, "flip_bit": silent.FLIP[2],
+              "flip_rank": -1 if args.flip_rank is None else args.flip_rank,
+              "flip_step": -1 if args.flip_step is None else args.flip_step}
     summary = {k: slopes[k] for k in ("hop_slope", "acc_slope", "slope_gap", "hop_noise", "acc_noise")}
-    report.finish(ctx, {"sums": sums, "rs": rs, "repro": rp}, summary=summary, params=params)
+    values = {"sums": sums, "rs": rs, "repro": rp, "silent": sc}
+    report.finish(ctx, values, summary=summary, params=params)
 
 
 if __name__ == "__main__":

@@ -97,3 +97,72 @@ def reproducible(ctx, rp, m):
         f"{r0['lib_differs']} elements: the same values added in another order. Cost: "
         f"{r0['repro_us']:.0f} us against the library's {r0['lib_us']:.0f} us, {r0['cost_ratio']:.2f}x "
         f"(slowest rank's mean, this run)."), flush=True)
+
+
+def silent(ctx, sc, shapes, steps):
+    """Section 5: what each run named, and three hashes against a flip and a swap."""
+    n = ctx.world_size
+    report.section(ctx, f"5. silent corruption: {steps} SGD steps on {n} replica{'s' if n > 1 else ''}, "
+                        f"the fingerprints after each (api {ctx.api}, {ctx.transport})")
+    if ctx.rank:
+        return
+    sizes = ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in shapes.items())
+    print(text.wrapped(f"{sizes} in float32, SGD on the all-reduced mean gradient. After each "
+                       "step every rank's fingerprint() of every tensor is gathered; suspects() "
+                       "names the odd one out."))
+    if n == 1:
+        print("one rank: no replica to compare with, so nothing can be named (run -n 3)")
+    else:
+        plants = sc["plants"]
+        rows = [["none (a clean run)", "-", "-", "-", sc["clean_named"]]]
+        rows += [[p["plant"], _who(p["suspects"]), p["named_tensor"], _step(p["named_step"]),
+                  p["steps_off"]] for p in plants]
+        print(report.table(["planted", "named: rank", "tensor", "step", "steps off"], rows,
+                           align=[0, 1, 1, 1, 1]))
+        said = "steps off: after how many steps the replicas disagreed"
+        if all(p["steps_off"] == steps - p["step"] for p in plants):
+            said += " (each from its plant to the end: every replica takes the same mean step)"
+        if n == 2:
+            said += (". Two replicas that disagree cannot say which is wrong: both are named, "
+                     "neither is blamed; a third replica (run -n 3) breaks the tie.")
+        elif all(p["named_rank"] == p["planted_on"] for p in plants):
+            said += ". Each rank named is the one its plant went to, outside the majority."
+        print(text.wrapped(said + ("" if said.endswith(".") else ".")))
+    rows, seen = [], {}
+    for kind, h in sc["hashes"].items():
+        for key, label in (("xor", "XOR of 32-bit words"), ("sum", "float32 sum"),
+                           ("fingerprint", "fingerprint()")):
+            before, after = h[key]
+            seen[key, kind] = before != after
+            rows.append([label, h["what"], before[:16], after[:16],
+                         "differs" if seen[key, kind] else "same"])
+    print(report.table(["hash of one tensor", "the plant, on a copy", "before", "after", ""], rows))
+    print(text.wrapped(_hash_sentence(seen)), flush=True)
+
+
+def _who(ranks):
+    if len(ranks) < 2:
+        return str(ranks[0]) if ranks else "none"
+    return " or ".join(map(str, ranks[:2])) + (f" (+{len(ranks) - 2})" if len(ranks) > 2 else "")
+
+
+def _step(step):
+    return "none" if step < 0 else step
+
+
+def _hash_sentence(seen):
+    """What the run's numbers show about the three hashes (seen[(hash, kind)]: it changed)."""
+    out = []
+    if seen["xor", "flip"] and not seen["xor", "swap"]:
+        out.append("XOR is commutative: a swap moves two words and changes none, so their XOR "
+                   "stays, where one flipped bit changes it.")
+    if seen["sum", "swap"]:
+        out.append("A float sum saw the swap only as rounding: the same values in another order.")
+    else:
+        out.append("A float sum misses the swap too: the same values, added again.")
+    if seen["fingerprint", "swap"] and seen["fingerprint", "flip"]:
+        out.append("A hash that reads the words in order sees both: sha256 of the bytes, or a "
+                   "position-weighted sum of the words, sum (i+1) x word_i mod 2**64.")
+    else:
+        out.append("Your fingerprint() misses a plant here: it must read every word, in order.")
+    return " ".join(out)
