@@ -289,7 +289,8 @@ def _lesson_text(lesson):
 LESSONS = [catalog.resolve(les.id, os.path.join(ROOT, "lessons"))
            for les in catalog.lessons(os.path.join(ROOT, "lessons"))]
 PLACING = [les for les in LESSONS if "round-robin" in _lesson_text(les)]   # ranks placed in groups
-PLANTING = [les for les in LESSONS if "--fault-rank" in _lesson_text(les)]  # faults planted on a rank
+# faults planted on a rank: a hang (14's --fault-rank), a flipped bit or a swap in a replica (17's --flip-rank)
+PLANTING = [les for les in LESSONS if "--fault-rank" in _lesson_text(les) or "--flip-rank" in _lesson_text(les)]
 
 
 def _telling(n):
@@ -333,5 +334,5 @@ def test_planted_faults_are_graded_on_rank_0_and_the_last_rank(lesson):
 
 
 def test_the_shape_rules_find_the_lessons_they_are_for():
-    """The rules above pick lessons by their sources: 15 places ranks in groups, 14 plants faults."""
-    assert [les.id for les in PLACING] == ["15"] and [les.id for les in PLANTING] == ["14"]
+    """The rules above pick lessons by their sources: 15 places ranks in groups, 14 and 17 plant faults."""
+    assert [les.id for les in PLACING] == ["15"] and [les.id for les in PLANTING] == ["14", "17"]
