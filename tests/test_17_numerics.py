@@ -1,12 +1,17 @@
 """Lesson 17's pieces as pure functions, no MPI: the bfloat16 emulation, the oracle's formula against
-hand-computed cases (common/tolerance.py), and the reproducible sum's bitwise identity across splits."""
+hand-computed cases (common/tolerance.py), the reproducible sum's bitwise identity across splits, and
+section 5's fingerprint, majority and plants. Then section 5 in real runs: each plant named on both
+APIs, on rank 0 and the last rank, a clean run naming nothing, a flag out of range refused."""
 import math
+import random
 
 import numpy as np
 import pytest
 
 from common import bootstrap, shards, tolerance
-from lessons.numerics import bf16, orders, tree, wire
+from common.runner import catalog, engine, verdict
+from conftest import torch_marks
+from lessons.numerics import bf16, orders, silent, tree, wire
 
 seventeen = bootstrap.lesson_module("17")
 U32, U16 = 2.0 ** -24, 2.0 ** -8
@@ -157,3 +162,133 @@ def test_accumulate_rounds_once():
     got = host.get(seventeen.accumulate([host.put(x) for x in every], host))
     assert np.array_equal(got, bf16.round_to(np.sum(np.array(every, np.float32), axis=0, dtype=np.float32),
                                              "bfloat16"))
+
+
+# ---------------------------------------------------------------- section 5: fingerprints, by hand
+def tensor(seed=5, shape=(7, 3)):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def planted(values, kind):
+    """A copy of values with section 5's plant of that kind made (its element positions, its bit)."""
+    plant = next(p for p in silent.plants(1, 1, rank=0) if p["kind"] == kind)
+    out = values.copy()
+    silent.apply(out, plant)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["flip", "swap"])
+def test_the_fingerprint_sees_a_flipped_bit_and_a_swap_and_not_a_copy(kind):
+    x = tensor()
+    assert seventeen.fingerprint(x.copy()) == seventeen.fingerprint(x)
+    assert seventeen.fingerprint(planted(x, kind)) != seventeen.fingerprint(x)
+
+
+def test_the_flip_changes_one_bit_and_the_swap_moves_two_words():
+    x = tensor()
+    diff = x.view(np.uint32) ^ planted(x, "flip").view(np.uint32)
+    name, i, bit = silent.FLIP
+    assert np.count_nonzero(diff) == 1 and diff.reshape(-1)[i] == 1 << bit
+    got = planted(x, "swap").reshape(-1)
+    _, i, j = silent.SWAP
+    assert (got[i], got[j]) == (x.reshape(-1)[j], x.reshape(-1)[i]) and sorted(got) == sorted(x.reshape(-1))
+    with pytest.raises(AssertionError, match="two equal values"):  # a no-op is not a plant
+        silent.apply(np.ones(7, np.float32), {"kind": "swap", "elements": [0, 1]})
+
+
+def test_an_xor_of_the_words_and_a_float_sum_miss_the_swap_and_sha256_does_not():
+    for seed in range(20):
+        x = tensor(seed, (7,))
+        y = planted(x, "swap")
+        assert silent.xor_words(y) == silent.xor_words(x)
+        assert np.sum(y, dtype=np.float32) == np.sum(x, dtype=np.float32)  # a0 + a1 == a1 + a0
+        assert silent.xor_words(planted(x, "flip")) != silent.xor_words(x)
+    shown = silent.hashes({"w2": tensor(), "b1": tensor(1, (7,))}, seventeen.fingerprint)
+    assert shown["swap"]["xor"][0] == shown["swap"]["xor"][1]
+    assert shown["swap"]["fingerprint"][0] != shown["swap"]["fingerprint"][1]
+    assert all(shown["flip"][h][0] != shown["flip"][h][1] for h in ("xor", "sum", "fingerprint"))
+
+
+def prints(*per_rank):
+    """[{"w1": a, "b1": b}] per rank from "ab" strings: each letter one tensor's print."""
+    return [{"w1": p[0], "b1": p[1]} for p in per_rank]
+
+
+@pytest.mark.parametrize("given, want", [
+    (prints("aa", "aa", "aa"), None),                     # all alike: nothing named
+    (prints("aa"), None),                                 # one rank: nothing to compare
+    (prints("ax", "aa", "aa"), ("b1", [0])),              # rank 0 is the odd one: the majority says so
+    (prints("aa", "aa", "aa", "xa"), ("w1", [3])),        # the last rank
+    (prints("ax", "ay", "ax", "ax"), ("b1", [1])),
+    (prints("xy", "aa", "aa"), ("w1", [0])),              # the first tensor that differs, in names' order
+    (prints("ax", "aa"), ("b1", [0, 1])),                 # two replicas: no majority, both suspects
+    (prints("xa", "xa", "aa", "aa"), ("w1", [0, 1, 2, 3])),  # 2 against 2: no strict majority
+    (prints("xa", "ya", "aa"), ("w1", [0, 1, 2])),        # three prints, each alone
+])
+def test_suspects_are_the_ranks_outside_a_strict_majority(given, want):
+    assert seventeen.suspects(given, ["w1", "b1"]) == want
+
+
+def test_named_takes_the_first_disagreement_and_names_one_rank_only():
+    assert silent.named([]) == {"named_rank": -1, "named_tensor": "none", "named_step": -1, "suspects": [],
+                                "steps_off": 0}
+    got = silent.named([(2, "w2", [3]), (3, "w2", [3]), (4, "b1", [3])])
+    assert (got["named_rank"], got["named_tensor"], got["named_step"], got["steps_off"]) == (3, "w2", 2, 3)
+    assert silent.named([(0, "b1", [0, 1])])["named_rank"] == -1  # a tie blames no one
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_default_plants_go_on_rank_0_first_and_the_last_rank_last_at_the_edge_steps(n):
+    got = silent.plants(n, 5)
+    assert [(p["kind"], p["planted_on"], p["step"]) for p in got] == [
+        ("flip", 0, 0), ("swap", 0, 0), ("flip", n - 1, 4), ("swap", n - 1, 4)]
+    assert len({p["plant"] for p in got}) == 4  # the label names each plant in the checks table
+    assert [p["tensor"] for p in got] == ["w2", "b1", "w2", "b1"]  # never the first tensor, w1
+    assert [(p["planted_on"], p["step"]) for p in silent.plants(n, 5, rank=n - 1)] == [(n - 1, 2)] * 2
+    assert [(p["planted_on"], p["step"]) for p in silent.plants(n, 5, step=3)] == [(0, 3), (0, 3), (n - 1, 3),
+                                                                                  (n - 1, 3)]
+
+
+# ---------------------------------------------------------------- section 5, real runs
+LIMIT = 180  # seconds: the five sections at --count 1024 take a few on an idle machine
+SMALL = ["--count", "1024", "--contributions", "5"]
+APIS = [pytest.param(a, marks=torch_marks("17_numerics", a)) for a in ("mpi4py", "torch")]
+
+
+def run(n, api, *args):
+    lesson = catalog.resolve("17")
+    outcome, checks = engine.run_lesson(lesson, n, api, "cpu", [*SMALL, *args], echo=False, timeout=LIMIT)
+    said = "\n".join(outcome.tail[-30:] + verdict.explain(lesson, outcome, checks))
+    return outcome, checks, said
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("n, R", [(3, 0), (4, 3)])
+def test_a_planted_flip_is_named_rank_tensor_and_step_and_a_clean_run_names_nothing(n, R, api):
+    S = random.randrange(5)
+    outcome, checks, said = run(n, api, "--flip-rank", R, "--flip-step", S)
+    where = f"--flip-rank {R} --flip-step {S}, np {n}, {api}"
+    assert verdict.status(outcome, checks) == "pass", f"{where}:\n{said}"
+    for mine in outcome.results["ranks"]:
+        got = mine["silent"]
+        assert got["clean_named"] == 0, f"{where}: the clean run named something"
+        assert [(p["kind"], p["named_rank"], p["named_tensor"], p["named_step"]) for p in got["plants"]] == \
+            [("flip", R, "w2", S), ("swap", R, "b1", S)], where
+    assert f"flipped on rank {R} after step {S}" in said
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_at_np_2_both_replicas_are_suspects_and_no_rank_is_blamed(api):
+    outcome, checks, said = run(2, api)
+    assert verdict.status(outcome, checks) == "pass", said
+    plants = outcome.results["ranks"][0]["silent"]["plants"]
+    assert [(p["suspects"], p["named_rank"]) for p in plants] == [([0, 1], -1)] * 4
+    assert "cannot say which is wrong" in said
+
+
+@pytest.mark.parametrize("args, says", [(["--flip-rank", "3"], "--flip-rank 3: a rank from 0 to 2"),
+                                        (["--flip-step", "5"], "--flip-step 5: a step from 0 to 4")])
+def test_a_flag_out_of_range_is_one_line_and_a_failed_run(args, says):
+    outcome, checks, said = run(3, "mpi4py", *args)
+    assert outcome.rc != 0 and checks is None, said
+    assert says in said, said
