@@ -270,7 +270,8 @@ def silent_corruption(ctx, be, flip_rank, flip_step):
     clean, params = train(ctx, be)
     runs = [{**plant, **silent.named(train(ctx, be, plant)[0])}
             for plant in silent.plants(ctx.world_size, STEPS, flip_rank, flip_step)]
-    return {"clean_named": len(clean), "plants": runs, "hashes": silent.hashes(params, fingerprint)}
+    return {"clean_named": len(clean), "plants": runs, "paper_tie": silent.on_paper(suspects),
+            "hashes": silent.hashes(params, fingerprint)}
 
 
 def flags():

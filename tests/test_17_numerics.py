@@ -237,6 +237,12 @@ def test_named_takes_the_first_disagreement_and_names_one_rank_only():
     assert silent.named([(0, "b1", [0, 1])])["named_rank"] == -1  # a tie blames no one
 
 
+def test_on_paper_counts_the_suspects_of_a_two_against_two_split():
+    assert silent.on_paper(seventeen.suspects) == 4
+    assert silent.on_paper(lambda prints, names: ("w1", [2, 3])) == 2  # the last two blamed: a wrong answer
+    assert silent.on_paper(lambda prints, names: None) == 0
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_the_default_plants_go_on_rank_0_first_and_the_last_rank_last_at_the_edge_steps(n):
     got = silent.plants(n, 5)

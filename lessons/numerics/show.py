@@ -127,7 +127,9 @@ def silent(ctx, sc, shapes, steps):
                      "neither is blamed; a third replica (run -n 3) breaks the tie.")
         elif all(p["named_rank"] == p["planted_on"] for p in plants):
             said += ". Each rank named is the one its plant went to, outside the majority."
-        print(text.wrapped(said + ("" if said.endswith(".") else ".")))
+        said += ("" if said.endswith(".") else ".") + (f" On paper, 2 prints against 2 of 4 ranks: "
+                                                      f"{sc['paper_tie']} of 4 are suspects.")
+        print(text.wrapped(said))
     rows, seen = [], {}
     for kind, h in sc["hashes"].items():
         for key, label in (("xor", "XOR of 32-bit words"), ("sum", "float32 sum"),

@@ -3,6 +3,7 @@
     silent.plants(n, steps)           # the graded plants: rank 0's first, the last rank's last
     silent.apply(values, plant)       # the fault, in place, on this rank's NumPy view of a tensor
     silent.named(seen)                # the first disagreement a run saw -> the JSON's fields
+    silent.on_paper(suspects)         # your suspects() at a split no run makes: 2 prints against 2
     silent.hashes(params, fingerprint)  # XOR of words, float32 sum, your fingerprint: flip, swap
 
 A flipped bit and a swap are planted, each in a run of its own. The bit is float32's top mantissa
@@ -58,6 +59,13 @@ def named(seen):
     step, tensor, ranks = seen[0]
     return {"named_rank": ranks[0] if len(ranks) == 1 else -1, "named_tensor": tensor,
             "named_step": step, "suspects": list(ranks), "steps_off": len(seen)}
+
+
+def on_paper(suspects):
+    """How many suspects suspects() names in a world of 4 made on paper, 2 prints against 2: no
+    strict majority, so all 4 (a run plants on one rank at a time and never splits its world so)."""
+    got = suspects([{"w1": "a"}, {"w1": "a"}, {"w1": "b"}, {"w1": "b"}], ["w1"])
+    return len(got[1]) if got else 0
 
 
 def xor_words(values):
