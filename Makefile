@@ -111,7 +111,7 @@ own-python:
 lesson-%: $(SETUP)  ## run one lesson: make lesson-05 NP=4 API=torch DEVICE=cpu ARGS="--count 1000"
 	bin/tutor run $* $(RUN_FLAGS) $(if $(ARGS),-- $(ARGS))
 
-check: $(SETUP)  ## every lesson x every NP in its YAML check list x every API: make check DEVICE=gpu SANITIZE=1
+check: $(SETUP)  ## every lesson x NP in its YAML check list x API: make check DEVICE=gpu SANITIZE=1
 	bin/tutor check $(if $(DEVICE),--device $(DEVICE)) $(if $(SANITIZE),--sanitize)
 
 check-mine: $(SETUP)  ## check your practice copy: make check-mine LESSON=05 [NP=4]
