@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
-from common.runner import catalog, engine, exercise, preflight, verdict  # noqa: E402
+from common.runner import catalog, exercise, lesson_run, preflight, verdict  # noqa: E402
 
 SWAPS = {ast.FloorDiv: ("//", "%"), ast.Mod: ("%", "//"), ast.Add: ("+", "-"), ast.Sub: ("-", "+")}
 FLIPS = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
@@ -323,7 +323,7 @@ def grade(lesson, source, region, mutant, nps, api, timeout):
         os.environ["PYTHONPATH"] = os.pathsep.join([head, ROOT])  # the staged copy wins (as in the suite)
         for np in nps:
             np, api = np if isinstance(np, tuple) else (np, api)
-            outcome, checks = engine.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []), echo=False,
+            outcome, checks = lesson_run.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []), echo=False,
                                                 script=script, timeout=timeout)
             seconds += outcome.seconds
             if outcome.interrupted:

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from common.runner import catalog, engine, verdict
+from common.runner import catalog, lesson_run, verdict
 from conftest import FIXTURES, load_lesson, torch_marks, tutor
 from lessons.hung_job import reading, show
 
@@ -120,7 +120,7 @@ def test_a_fault_that_did_not_stop_the_run_is_said_to_have_passed_by_luck(capsys
 def test_each_planted_fault_is_named(fault, n, api):
     R = random.randrange(n)
     les = lesson()
-    outcome, checks = engine.run_lesson(les, n, api, "cpu", ["--fault", fault, "--fault-rank", str(R)],
+    outcome, checks = lesson_run.run_lesson(les, n, api, "cpu", ["--fault", fault, "--fault-rank", str(R)],
                                         echo=False, timeout=LIMIT)
     said = "\n".join(outcome.tail[-15:] + verdict.explain(les, outcome, checks))
     where = f"--fault {fault} --fault-rank {R}, np {n}, {api}"
@@ -151,7 +151,7 @@ def test_on_the_gpu_double_a_call_is_enqueued_not_completed(fault, field, tmp_pa
         monkeypatch.setenv(key, value)
     R = random.randrange(3)
     les = lesson()
-    outcome, checks = engine.run_lesson(les, 3, "mpi4py", "gpu", ["--fault", fault, "--fault-rank", str(R)],
+    outcome, checks = lesson_run.run_lesson(les, 3, "mpi4py", "gpu", ["--fault", fault, "--fault-rank", str(R)],
                                         echo=False, timeout=LIMIT)
     said = "\n".join(outcome.tail[-15:] + verdict.explain(les, outcome, checks))
     assert verdict.status(outcome, checks) == "pass" and outcome.results["device"] == "gpu", said
@@ -168,7 +168,7 @@ def test_debug_collectives_stops_at_the_first_mismatch(fault, api):
     diagnosis is the same."""
     R = random.randrange(3)
     les = lesson()
-    outcome, checks = engine.run_lesson(les, 3, api, "cpu", ["--fault", fault, "--fault-rank", str(R),
+    outcome, checks = lesson_run.run_lesson(les, 3, api, "cpu", ["--fault", fault, "--fault-rank", str(R),
                                                               "--debug-collectives"], echo=False, timeout=LIMIT)
     said = "\n".join(outcome.tail[-15:] + verdict.explain(les, outcome, checks))
     assert any("CollectiveMismatch" in e for e in outcome.errors.values()), said
@@ -274,7 +274,7 @@ def test_two_ranks_that_leave_the_majority_alike_are_told_apart_from_a_skip():
 @pytest.mark.parametrize("fault", reading.ON_PAPER)
 def test_at_np_2_a_fault_on_either_rank_is_named(fault, R, api):
     les = lesson()
-    outcome, checks = engine.run_lesson(les, 2, api, "cpu", ["--fault", fault, "--fault-rank", str(R)],
+    outcome, checks = lesson_run.run_lesson(les, 2, api, "cpu", ["--fault", fault, "--fault-rank", str(R)],
                                         echo=False, timeout=LIMIT)
     said = "\n".join(verdict.explain(les, outcome, checks))
     assert verdict.status(outcome, checks) == "pass", f"--fault {fault} --fault-rank {R}, {api}: {checks}\n{said}"

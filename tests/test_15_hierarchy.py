@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from common.runner import catalog, engine, verdict
+from common.runner import catalog, lesson_run, verdict
 from conftest import ROOT, torch_marks, tutor
 from lessons.hierarchy import model, reference, show
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
@@ -22,7 +22,7 @@ QUICK = ["--no-race", "--tokens", "32"]
     pytest.param("torch", 2, "block", id="torch-3x2-block", marks=torch_marks(LESSON.name, "torch")),
 ])
 def test_six_ranks_in_pretend_nodes(api, k, placement, capfd):
-    outcome, checks = engine.run_lesson(LESSON, 6, api, "cpu", ["--ranks-per-node", str(k), "--placement",
+    outcome, checks = lesson_run.run_lesson(LESSON, 6, api, "cpu", ["--ranks-per-node", str(k), "--placement",
                                                                 placement, *QUICK])
     said = capfd.readouterr()
     tail = "\n".join((said.out + said.err).splitlines()[-30:] + verdict.explain(LESSON, outcome, checks))

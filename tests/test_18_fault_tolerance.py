@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from common.runner import catalog, engine, launch, launchers, verdict
+from common.runner import catalog, launchers, lesson_run, supervise, verdict
 from conftest import ROOT
 
 LESSONS = os.path.join(ROOT, "lessons")
@@ -54,16 +54,16 @@ def test_an_open_mpi_before_5_gets_no_ft_flag_it_would_refuse(monkeypatch):
 
 
 def _captured(monkeypatch, lesson_id):
-    """The command engine.run_lesson would launch for the lesson (nothing is started)."""
+    """The command lesson_run.run_lesson would launch for the lesson (nothing is started)."""
     seen = []
 
     def fake_run(cmd, timeout, **kw):
         seen.append(cmd)
-        return launch.Outcome(rc=0, seconds=0.0)
-    monkeypatch.setattr(engine.launch, "supervise", fake_run)
+        return supervise.Outcome(rc=0, seconds=0.0)
+    monkeypatch.setattr(lesson_run.supervise, "supervise", fake_run)
     as_launcher(monkeypatch, "hydra")
-    monkeypatch.setattr(engine.launch, "command", lambda script, np, args: ["mpiexec", "-n", str(np), script])
-    engine.run_lesson(lesson(lesson_id), 3, "torch", "cpu", echo=False)
+    monkeypatch.setattr(lesson_run.supervise, "command", lambda script, np, args: ["mpiexec", "-n", str(np), script])
+    lesson_run.run_lesson(lesson(lesson_id), 3, "torch", "cpu", echo=False)
     return seen[0]
 
 
@@ -78,7 +78,7 @@ KILLED = 137 << 8  # exit status 137, as the lesson's dying rank leaves under hy
 
 def _outcome(rc, statuses, killed=0, timed_out=False, survivors=None, np=None):
     summary = {"killed": killed, **({} if survivors is None else {"survivors": survivors})}
-    return launch.Outcome(rc=rc, seconds=1.0, statuses=statuses, timed_out=timed_out,
+    return supervise.Outcome(rc=rc, seconds=1.0, statuses=statuses, timed_out=timed_out,
                           results={"summary": summary, "np": np or len(statuses or [0, 0])})
 
 
@@ -155,7 +155,7 @@ def _gone(pids):
 
 
 def _run(n, api, extra, capfd):
-    outcome, checks = engine.run_lesson(lesson("18"), n, api, "cpu", extra, echo=False)
+    outcome, checks = lesson_run.run_lesson(lesson("18"), n, api, "cpu", extra, echo=False)
     why = "\n".join(verdict.explain(lesson("18"), outcome, checks))
     assert verdict.ok(outcome, checks), f"np={n} api={api} {extra}: {why}\n{capfd.readouterr().out[-2000:]}"
     assert _gone(outcome.pids.values()) is None, "a rank of the run is still running"

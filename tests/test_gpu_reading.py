@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from common.runner import catalog, engine, launchers, verdict
+from common.runner import catalog, launchers, lesson_run, verdict
 from conftest import ROOT
 
 ACCELERATOR = os.path.join(ROOT, "tests", "gpu_double", "accelerator")
@@ -42,7 +42,7 @@ def test_lesson_10_keeps_fsdp_on_the_cpu_when_torch_says_it_has_cuda(monkeypatch
     fully_shard without mesh= built its mesh on cuda and moved the parameters there."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ACCELERATOR, ROOT]))
     ten = lesson("10")
-    outcome, checks = engine.run_lesson(ten, 2, "torch", "cpu", ten.meta.get("args", []))
+    outcome, checks = lesson_run.run_lesson(ten, 2, "torch", "cpu", ten.meta.get("args", []))
     said = capfd.readouterr()
     tail = "\n".join((said.out + said.err).splitlines()[-30:])
     assert verdict.ok(outcome, checks) and checks and all(c["ok"] for c in checks), tail

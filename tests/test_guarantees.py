@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from common.runner import launch, launchers, verdict
+from common.runner import launchers, supervise, verdict
 from conftest import FIXTURES, TUTOR, end_marked, processes_running, tutor
 from test_robust import one_line_error
 
@@ -167,7 +167,7 @@ def test_no_run_folder_is_left_behind(tmp_path, args):
 def test_a_programmatic_caller_cannot_switch_the_watchdog_off():
     for timeout in (float("nan"), float("inf"), 0, -1, None):
         with pytest.raises(launchers.LaunchError, match="finite timeout"):
-            launch.supervise(["true"], timeout)
+            supervise.supervise(["true"], timeout)
 
 
 # ---- the results JSON: never over someone else's file ---------------------------------------------
@@ -244,7 +244,7 @@ def test_lesson_help_is_shown_once_without_a_verdict():
 
 
 def test_a_rank_killed_is_named_before_the_mpi_error_it_caused():
-    out = launch.Outcome(rc=9, seconds=0.1, pids={0: 10, 1: 11, 2: 12}, statuses=[0, 9, 256],
+    out = supervise.Outcome(rc=9, seconds=0.1, pids={0: 10, 1: 11, 2: 12}, statuses=[0, 9, 256],
                          errors={2: "MPI.Exception: Other MPI error, error stack: (x.py:3)"})
     lines = verdict.explain(None, out, None)
     assert lines[0].startswith("rank 1 (pid 11) was killed by signal 9 (SIGKILL)"), lines
@@ -253,7 +253,7 @@ def test_a_rank_killed_is_named_before_the_mpi_error_it_caused():
 
 
 def test_a_python_error_is_still_the_culprit():
-    out = launch.Outcome(rc=1, seconds=0.1, pids={0: 10, 1: 11}, statuses=[9, 256],
+    out = supervise.Outcome(rc=1, seconds=0.1, pids={0: 10, 1: 11}, statuses=[9, 256],
                          errors={1: "ValueError: bad (x.py:3)"})
     assert verdict.explain(None, out, None)[0] == "rank 1 failed: ValueError: bad (x.py:3)"
 
@@ -261,7 +261,7 @@ def test_a_python_error_is_still_the_culprit():
 def test_an_error_before_mpi_is_named_with_its_file_and_line():
     tail = ["Traceback (most recent call last):", '  File "<frozen runpy>", line 198, in _run_module_as_main',
             '  File "practice/01_sum.py", line 5, in <module>', "    x = y", "NameError: name 'y' is not defined"]
-    lines = verdict.explain(None, launch.Outcome(rc=1, seconds=0.1, tail=tail, statuses=[256, 256]), None)
+    lines = verdict.explain(None, supervise.Outcome(rc=1, seconds=0.1, tail=tail, statuses=[256, 256]), None)
     assert lines[0] == "the lesson exited with status 1: NameError: name 'y' is not defined (practice/01_sum.py:5)"
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from common import mpilib
-from common.runner import launch, launchers
+from common.runner import launchers, supervise
 from conftest import FIXTURES, ROOT, dollar_line, tutor
 
 VERSIONS = {
@@ -207,11 +207,11 @@ def test_doctor_says_what_a_failed_launch_said(tmp_path):
 def test_nul_bytes_and_an_unended_last_line_never_lead_the_runners_own_lines(capsys):
     """Open MPI's launcher leaves a NUL at the end of its crash report: it showed as '\\x00CRASH ...'."""
     import io
-    out = launch.Outcome(rc=0, seconds=0.0)
-    launch._pump(io.BytesIO(b"Open MPI v5.0.11\x00\nrank 1 failed\n\x00"), out, echo=True)
+    out = supervise.Outcome(rc=0, seconds=0.0)
+    supervise._pump(io.BytesIO(b"Open MPI v5.0.11\x00\nrank 1 failed\n\x00"), out, echo=True)
     shown = capsys.readouterr().out
     assert "\x00" not in shown and shown.endswith("\n") and out.tail == ["Open MPI v5.0.11", "rank 1 failed"]
-    launch._pump(io.BytesIO(b"last words"), out, echo=True)
+    supervise._pump(io.BytesIO(b"last words"), out, echo=True)
     assert capsys.readouterr().out == "last words\n"
 
 
@@ -232,7 +232,7 @@ def test_a_session_folder_a_killed_launcher_left_never_stops_a_later_run(tmp_pat
     probe = ("import os; t, r = os.environ['TMPDIR'], os.environ['TUTOR_RUN_DIR']; "
              "os.write(1, f'tmp-in-run-folder {t.startswith(r + os.sep) and os.path.isdir(t)}\\n'.encode())")
     cmd = [*launchers.mpiexec(2), "-n", "2", launchers.python(), "-c", probe]
-    out = launch.supervise(cmd, timeout=60, echo=False, env={"TMPDIR": str(tmp_path)})
+    out = supervise.supervise(cmd, timeout=60, echo=False, env={"TMPDIR": str(tmp_path)})
     said = "\n".join(out.tail)
     assert out.rc == 0 and said.count("tmp-in-run-folder True") == 2, said
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"ompi.{p}" for p in range(last + 1, last + 400))

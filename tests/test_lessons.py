@@ -10,7 +10,7 @@
     again after them;
   * the real-GPU cases skip with a reason when there is no GPU.
 
-Runs go through the runner in this process (common/runner/engine.py, as `bin/tutor run` calls it), so
+Runs go through the runner in this process (common/runner/lesson_run.py, as `bin/tutor run` calls it), so
 each pays for mpiexec and its ranks, not for starting another runner. Each run's output, and the checks
 table `bin/tutor run` would print after it, are held to tests/readable.py: no line over 100 columns,
 no check name cut."""
@@ -19,7 +19,7 @@ import os
 import pytest
 
 from common.plumbing import devices
-from common.runner import catalog, checktable, engine, verdict
+from common.runner import catalog, checktable, lesson_run, verdict
 from conftest import ROOT, TORCH_LESSONS, torch_marks, tutor
 from readable import problems as unreadable  # every line <= 100 columns, nothing said N times
 from test_runner import assert_whole_names  # the checks table: every name whole, within 100 columns
@@ -53,7 +53,7 @@ for lesson in catalog.lessons(os.path.join(ROOT, "lessons")):
 
 
 def run_case(lesson, meta, n, api, device, capfd):
-    outcome, checks = engine.run_lesson(lesson, n, api, device, meta.get("args", []))
+    outcome, checks = lesson_run.run_lesson(lesson, n, api, device, meta.get("args", []))
     said = capfd.readouterr()
     if meta.get("expects_death") and verdict.status(outcome, checks) == "blocked":  # 18's MPI path: ULFM
         pytest.skip(f"{lesson.name} np={n} api={api}: {outcome.blocked}")

@@ -11,7 +11,7 @@ import os
 import subprocess
 
 from common.plumbing import run_folder
-from common.runner import launch, launchers, verdict
+from common.runner import launchers, supervise, verdict
 from conftest import ROOT
 
 TRUNC = "MPI.Exception: MPI_ERR_TRUNCATE: message truncated"
@@ -22,7 +22,7 @@ OMPI_BANNER = ["----------------------------------------------------------------
 
 
 def outcome(errors, tail=OMPI_BANNER, statuses=None):
-    return launch.Outcome(rc=139, seconds=1.0, pids={0: 8707, 1: 8708, 2: 8709}, errors=errors, tail=tail,
+    return supervise.Outcome(rc=139, seconds=1.0, pids={0: 8707, 1: 8708, 2: 8709}, errors=errors, tail=tail,
                           statuses=statuses)
 
 
@@ -87,8 +87,8 @@ ctx.comm.Sendrecv(np.ones(64), dest=right, recvbuf=np.empty(8), source=left)  # 
 def test_a_real_truncated_receive_is_named_on_the_mpi_installed(tmp_path):
     script = tmp_path / "ring.py"
     script.write_text(RING)
-    cmd = launch.command(str(script), 2, ["--api", "mpi4py", "--device", "cpu"])
-    done = launch.supervise(cmd, 60, echo=False, env={"PYTHONPATH": ROOT})
+    cmd = supervise.command(str(script), 2, ["--api", "mpi4py", "--device", "cpu"])
+    done = supervise.supervise(cmd, 60, echo=False, env={"PYTHONPATH": ROOT})
     lines = verdict.explain(None, done, None)
     assert done.rc != 0 and lines, lines
     assert "failed: MPI.Exception: MPI_ERR_TRUNCATE" in lines[0], lines

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from common.plumbing import run_folder
-from common.runner import catalog, engine, exercise, grading, launch, practice, progress, verdict
+from common.runner import catalog, exercise, grading, lesson_run, practice, progress, supervise, verdict
 from common.runner.terminal import path_shown
 from conftest import FIXTURES, ROOT, torch_marks, tutor
 
@@ -120,7 +120,7 @@ def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, mon
     assert space["f"](1) == 4 and run_folder.ran_regions(tmp_path) == {"first", "second"}
     with pytest.raises(AssertionError) as err:  # and what a traceback says maps back to the copy
         space["f"](5)
-    out = launch.Outcome(rc=1, seconds=0, errors={0: f"AssertionError: mine (launched.py:{mine_at + 1})"},
+    out = supervise.Outcome(rc=1, seconds=0, errors={0: f"AssertionError: mine (launched.py:{mine_at + 1})"},
                          tail=[f'  File "launched.py", line {at + 1}, in f'],
                          stacks={0: [("f", f"launched.py:{mine_at + 1}")]})
     grading.relabel(out, plan, "launched.py")
@@ -141,18 +141,18 @@ def test_a_value_every_rank_got_alike_is_said_once(sandbox):
     lesson = catalog.resolve("01")
     checks = [{"name": "sum of rank+1 is N(N+1)/2", "ok": False, "want": "== 10",
                "got": [f"rank {r}: 0.00054824986801602" for r in range(4)]}]
-    lines = exercise.explain_for_learner(lesson, launch.Outcome(rc=0, seconds=0), checks, lesson.path, [])
+    lines = exercise.explain_for_learner(lesson, supervise.Outcome(rc=0, seconds=0), checks, lesson.path, [])
     assert lines == ['check failed: "sum of rank+1 is N(N+1)/2": wanted ranks[*].sum == 10, but got '
                      "ranks 0-3: 0.00054825"]
 
 
 def test_a_run_that_never_reached_your_code_is_not_graded():
     plan = grading.Splice("p.py", "l.py", "", mine=["spread"], reference=["double"])
-    passed = launch.Outcome(rc=0, seconds=0, ran={"double"})
+    passed = supervise.Outcome(rc=0, seconds=0, ran={"double"})
     assert practice.graded_verdict(plan, passed, "pass", [])[0] == "not graded"
     failed = practice.graded_verdict(plan, passed, "fail", ["check failed: x"])
     assert failed == ("fail", ["check failed: x", "(this run never reached your spread)"])
-    assert practice.graded_verdict(plan, launch.Outcome(rc=0, seconds=0, ran={"spread"}), "pass", []) == ("pass", [])
+    assert practice.graded_verdict(plan, supervise.Outcome(rc=0, seconds=0, ran={"spread"}), "pass", []) == ("pass", [])
 
 
 def test_one_idea_at_a_time(sandbox):
@@ -296,7 +296,7 @@ def test_hints_start_from_the_check_that_failed_and_a_new_failure_starts_again(s
     monkeypatch.setenv("TUTOR_LESSONS", str(lessons))
     lesson = catalog.resolve("01")
     assert practice.closest_first(["a b", "steps counted twice", "x"], "the ring takes 2 steps") == [1, 0, 2]
-    out = launch.Outcome(rc=0, seconds=0.1, errors={})
+    out = supervise.Outcome(rc=0, seconds=0.1, errors={})
     out.results = {"np": 2, "ranks": [{"rank": 0, "sum": 1}, {"rank": 1, "sum": 1}]}
     practice.remember_failure(lesson, [(lesson, 2, "mpi4py", out, "fail", ["check failed: ..."])])
     assert practice.last_failure(lesson) == {"where": "np=2 api=mpi4py", "what": ["sum of rank+1 is N(N+1)/2"]}
@@ -354,7 +354,7 @@ def test_solution_waits_for_a_full_pass(sandbox):
 def test_unfinished_names_the_exercise_and_where(sandbox):
     lesson = catalog.resolve("01")
     path, _, _ = practice.write_copy(lesson)
-    out = launch.Outcome(rc=1, seconds=0.1, errors={
+    out = supervise.Outcome(rc=1, seconds=0.1, errors={
         0: f"NotImplementedError: exercise allreduce: not done yet ({path_shown(path)}:13)"})
     lines = exercise.explain_for_learner(lesson, out, None, path, verdict.explain(lesson, out, None))
     assert lines == [f"exercise 'allreduce' is not done yet: replace the TODO and the `raise "
@@ -445,7 +445,7 @@ def answer_key(lesson, np, stub_path, with_reference=False, only=None):
     api = "mpi4py" if "mpi4py" in lesson.meta["apis"] else lesson.meta["apis"][0]
     reasons = []
     for script in (stub_path, None) if with_reference else (stub_path,):
-        outcome, checks = engine.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []),
+        outcome, checks = lesson_run.run_lesson(lesson, np, api, "cpu", lesson.meta.get("args", []),
                                             echo=False, script=script)
         why = exercise.explain_for_learner(lesson, outcome, checks, script or lesson.path,
                                verdict.explain(lesson, outcome, checks))

@@ -12,7 +12,7 @@ import pytest
 
 from common import bootstrap, timing
 from common.plumbing import run_folder
-from common.runner import catalog, launch, launchers, preflight, verdict
+from common.runner import catalog, launchers, preflight, supervise, verdict
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
 # these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
@@ -263,11 +263,11 @@ def test_torch_store_listens_on_loopback_on_one_node():
     ("rank 0 says Exit codes: [vm] 0,9\n", None),
 ])
 def test_hydra_status_line_is_read_per_rank(line, statuses):
-    assert launch.hydra_statuses(line) == statuses
+    assert supervise.hydra_statuses(line) == statuses
 
 
 def test_open_mpi_names_the_killed_rank_itself():
-    said = verdict.killed_rank(launch.Outcome(rc=137, seconds=0.1, pids={0: 10, 1: 11}, tail=[
+    said = verdict.killed_rank(supervise.Outcome(rc=137, seconds=0.1, pids={0: 10, 1: 11}, tail=[
         "mpirun noticed that process rank 1 with PID 0 on node", "vm exited on signal 9 (Killed)."]))
     assert said == "rank 1 (pid 11) was killed by signal 9 (SIGKILL); mpirun then ended the other ranks"
 
@@ -286,7 +286,7 @@ def test_open_mpi_names_the_killed_rank_itself():
 def test_the_rank_a_signal_killed_is_told_from_the_statuses(statuses, expected):
     banner = ["=   PID 10 RUNNING AT vm", "=   EXIT CODE: 9",
               "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)"]
-    out = launch.Outcome(rc=9, seconds=0.1, tail=banner, pids={0: 10, 1: 11, 2: 12}, statuses=statuses)
+    out = supervise.Outcome(rc=9, seconds=0.1, tail=banner, pids={0: 10, 1: 11, 2: 12}, statuses=statuses)
     said = verdict.killed_rank(out)
     assert said == expected if expected is None else said.startswith(expected), said
 
@@ -336,8 +336,8 @@ def test_debug_collectives_waits_for_a_slow_rank_and_stops_a_stuck_one(tmp_path,
     line of the collective, not common/plumbing/collcheck.py."""
     script = tmp_path / f"{mode}.py"
     script.write_text(LATE.format(root=ROOT, mode=mode, late=2.2))
-    cmd = launch.command(str(script), 2, ["--api", "mpi4py", "--device", "cpu", "--debug-collectives"])
-    outcome = launch.supervise(cmd, 60, echo=False)
+    cmd = supervise.command(str(script), 2, ["--api", "mpi4py", "--device", "cpu", "--debug-collectives"])
+    outcome = supervise.supervise(cmd, 60, echo=False)
     said = "\n".join(outcome.tail[-20:]) + str(outcome.errors)
     assert not outcome.timed_out, said
     if mode == "late":

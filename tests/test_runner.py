@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from common.plumbing import run_folder
-from common.runner import catalog, checktable, engine, launch, verdict
+from common.runner import catalog, checktable, lesson_run, supervise, verdict
 from conftest import FIXTURES, ROOT, dollar_line, processes_running
 
 # these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
@@ -129,14 +129,14 @@ def assert_fits(output, width=100):
 
 
 @pytest.mark.parametrize("outcome, checks, want", [
-    (launch.Outcome(rc=0, seconds=1), [{"ok": True}], "pass"),
-    (launch.Outcome(rc=1, seconds=1), [{"ok": False}], "crash"),                # results, then a failure
-    (launch.Outcome(rc=0, seconds=1), [{"ok": False}], "fail"),
-    (launch.Outcome(rc=1, seconds=1, errors={1: "ValueError: x"}), None, "crash"),
-    (launch.Outcome(rc=0, seconds=1), None, "crash"),                     # exited 0, wrote no results
-    (launch.Outcome(rc=9, seconds=1, statuses=[0, 9]), [{"ok": True}], "crash"),  # results, then killed
-    (launch.Outcome(rc=2, seconds=1, statuses=[512, 512]), None, "usage"),   # the lesson refused a flag
-    (launch.Outcome(rc=124, seconds=1, timed_out=True), None, "timeout"),
+    (supervise.Outcome(rc=0, seconds=1), [{"ok": True}], "pass"),
+    (supervise.Outcome(rc=1, seconds=1), [{"ok": False}], "crash"),                # results, then a failure
+    (supervise.Outcome(rc=0, seconds=1), [{"ok": False}], "fail"),
+    (supervise.Outcome(rc=1, seconds=1, errors={1: "ValueError: x"}), None, "crash"),
+    (supervise.Outcome(rc=0, seconds=1), None, "crash"),                     # exited 0, wrote no results
+    (supervise.Outcome(rc=9, seconds=1, statuses=[0, 9]), [{"ok": True}], "crash"),  # results, then killed
+    (supervise.Outcome(rc=2, seconds=1, statuses=[512, 512]), None, "usage"),   # the lesson refused a flag
+    (supervise.Outcome(rc=124, seconds=1, timed_out=True), None, "timeout"),
 ])
 def test_each_outcome_has_one_status_and_its_exit_code(outcome, checks, want):
     assert verdict.status(outcome, checks) == want
@@ -145,9 +145,9 @@ def test_each_outcome_has_one_status_and_its_exit_code(outcome, checks, want):
 
 
 def test_interrupted_exits_128_plus_the_signal():
-    out = launch.Outcome(rc=130, seconds=1, interrupted=True, signal=2)
+    out = supervise.Outcome(rc=130, seconds=1, interrupted=True, signal=2)
     assert verdict.status(out, None) == "interrupted" and verdict.exit_code(out, None) == 130
-    gone = launch.Outcome(rc=137, seconds=1, launcher=(99, 9))  # mpiexec itself killed
+    gone = supervise.Outcome(rc=137, seconds=1, launcher=(99, 9))  # mpiexec itself killed
     assert verdict.status(gone, None) == "crash" and verdict.exit_code(gone, None) == 137
 
 
@@ -160,7 +160,7 @@ def test_exit_codes_are_distinct_and_in_the_readme():
 
 def test_the_same_failure_on_every_rank_is_said_once():
     same = "AssertionError: wrong sum (lessons/x.py:9)"
-    out = launch.Outcome(rc=1, seconds=1, errors={0: same, 1: same, 2: "ValueError: odd (lessons/x.py:3)", 3: same})
+    out = supervise.Outcome(rc=1, seconds=1, errors={0: same, 1: same, 2: "ValueError: odd (lessons/x.py:3)", 3: same})
     assert verdict.explain(None, out, None)[:2] == [f"ranks 0-1, 3 failed: {same}",
                                                    "rank 2 failed: ValueError: odd (lessons/x.py:3)"]
 
@@ -240,7 +240,7 @@ def test_each_rank_gets_one_blas_thread_unless_the_learner_set_it(tmp_path, monk
     seen = tmp_path / "seen"
     script = f"import os; open({str(seen)!r}, 'w').write(os.environ['OPENBLAS_NUM_THREADS'] + ' ' + " \
              "os.environ['OMP_NUM_THREADS'])"
-    outcome = launch.supervise([sys.executable, "-c", script], 30, echo=False)
+    outcome = supervise.supervise([sys.executable, "-c", script], 30, echo=False)
     assert outcome.rc == 0
     assert seen.read_text() == f"{mine or 1} 1"
 
@@ -266,7 +266,7 @@ def test_the_still_running_line_tells_starting_and_working_from_stuck(tmp_path):
     with nothing moving, naming the calls. A phase is said once, the question each time."""
     from common import flight
     said = []
-    wait = engine.Waiting("05 np=2 torch", 90, said.append, 2)
+    wait = lesson_run.Waiting("05 np=2 torch", 90, said.append, 2)
     wait.watch(str(tmp_path))
     wait(5.0)
     assert "starting up (imports, joining the world): 0 of 2 ranks" in said[-1] and "deadlock" not in said[-1]
@@ -294,5 +294,5 @@ def test_the_shown_command_pastes_back_as_the_same_words():
     """A checkout whose path has a space: the `$ ...` line, pasted into a shell, is the command run."""
     import shlex
     cmd = ["/home/my tutor/.venv/bin/mpiexec", "-n", "2", "python", "/home/my tutor/lessons/00_hello.py"]
-    line = engine.shown(cmd)
+    line = lesson_run.shown(cmd)
     assert shlex.split(line.replace("\\\n", " ").lstrip("$ ")) == cmd, line

@@ -12,7 +12,7 @@ import pytest
 
 from common import sanitize
 from common.plumbing import run_folder
-from common.runner import catalog, engine
+from common.runner import catalog, lesson_run
 from conftest import FIXTURES, ROOT, tutor
 
 PLANTED = os.path.join(FIXTURES, "sanitize_planted.py")
@@ -228,14 +228,14 @@ def test_a_lesson_that_does_nothing_wrong_passes_sanitized(lesson, np_, api, tmp
 def test_a_sanitized_run_gets_three_times_the_lessons_limit(monkeypatch):
     """NCCL's order costs a token each way per transfer (lesson 15 on torch at NP 6: 16 s plain, 28-71 s
     sanitized on 2 busy cores, past its 120 s once): --sanitize, or TUTOR_SANITIZE=1 as `check
-    --sanitize` sets it, gets engine.SANITIZED_SLOWER times the YAML's limit; a practice run's
+    --sanitize` sets it, gets lesson_run.SANITIZED_SLOWER times the YAML's limit; a practice run's
     buffers-only mode, and a plain run, keep it."""
     lesson = catalog.resolve("15", os.path.join(ROOT, "lessons"))
     limit = lesson.meta["timeout_s"]
     monkeypatch.delenv("TUTOR_SANITIZE", raising=False)
-    assert engine.limit(lesson) == limit
-    assert engine.limit(lesson, ["--groups", "2x3:block", "--sanitize"]) == engine.SANITIZED_SLOWER * limit
+    assert lesson_run.limit(lesson) == limit
+    assert lesson_run.limit(lesson, ["--groups", "2x3:block", "--sanitize"]) == lesson_run.SANITIZED_SLOWER * limit
     monkeypatch.setenv("TUTOR_SANITIZE", "buffers")
-    assert engine.limit(lesson) == limit
+    assert lesson_run.limit(lesson) == limit
     monkeypatch.setenv("TUTOR_SANITIZE", "1")
-    assert engine.limit(lesson) == engine.SANITIZED_SLOWER * limit
+    assert lesson_run.limit(lesson) == lesson_run.SANITIZED_SLOWER * limit

@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from common.runner import launch
+from common.runner import supervise
 from conftest import ROOT, tutor
 
 pytestmark = pytest.mark.torch
@@ -77,7 +77,7 @@ main()
 def test_no_torch_thread_outlives_python(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    cmd = launch.command(str(probe), 2, ["--api", "torch", "--device", "cpu"])
+    cmd = supervise.command(str(probe), 2, ["--api", "torch", "--device", "cpu"])
     env = {**os.environ, "PYTHONPATH": ROOT, "PROBE_OUT": str(tmp_path / "threads")}
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -137,7 +137,7 @@ def test_a_failing_rank_still_takes_every_rank_down_at_once(tmp_path):
     Python's end until the runner's timeout, on the old code as well)."""
     probe = tmp_path / "failing.py"
     probe.write_text(FAILING)
-    cmd = launch.command(str(probe), 2, ["--api", "torch", "--device", "cpu"])
-    done = launch.supervise(cmd, 45, echo=False, env={"PYTHONPATH": ROOT})
+    cmd = supervise.command(str(probe), 2, ["--api", "torch", "--device", "cpu"])
+    done = supervise.supervise(cmd, 45, echo=False, env={"PYTHONPATH": ROOT})
     assert not done.timed_out, "the failing rank hung at exit instead of aborting the run"
     assert done.rc != 0 and "a learner's mistake" in done.errors.get(1, ""), (done.rc, done.errors)

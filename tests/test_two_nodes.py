@@ -199,7 +199,7 @@ def test_node_ids_from_rank_over_k_fail_on_nodes_placed_round_robin(bed, shared,
     the node communicators it builds span both nodes, and the named check says so."""
     import yaml
 
-    from common.runner import engine
+    from common.runner import lesson_run
     from test_wrong_answers import failed_names, stage
     lesson = catalog.resolve("15", os.path.join(ROOT, "lessons"))
     with open(os.path.join(ROOT, "tests", "wrong_answers", "15_hierarchy.yaml")) as f:
@@ -207,7 +207,7 @@ def test_node_ids_from_rank_over_k_fail_on_nodes_placed_round_robin(bed, shared,
     script, head = stage(lesson, case, str(shared / "layout"))  # the ranks read it: a folder all nodes see
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([head, ROOT]))
     monkeypatch.setenv("MPIEXEC", bed.mpiexec.replace(":2,", ":1,").replace(":2 ", ":1 "))
-    outcome, checks = engine.run_lesson(lesson, 4, "mpi4py", "cpu", ["--no-race"], echo=False, script=script)
+    outcome, checks = lesson_run.run_lesson(lesson, 4, "mpi4py", "cpu", ["--no-race"], echo=False, script=script)
     failed = {c["name"] for c in checks or [] if not c["ok"]}
     assert "every node communicator holds the ranks of one node" in failed, (outcome.rc, failed)
     assert outcome.results["params"]["real"] == 1 and outcome.results["params"]["placement"] == "round-robin"

@@ -1,4 +1,4 @@
-"""Tier 1: the pure parts of bootstrap, devices, report and rundir (no MPI)."""
+"""Tier 1: the pure parts of bootstrap, devices, report and rank_processes (no MPI)."""
 import json
 import os
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from common import bootstrap, report
 from common.plumbing import devices
-from common.runner import rundir
+from common.runner import rank_processes
 from common.runner.catalog import ROOT
 
 
@@ -79,19 +79,19 @@ def test_parse_stack_main_thread_innermost_first():
             '  File "/usr/lib/site-packages/torch/x.py", line 9 in recv\n'
             f'  File "{ROOT}/lessons/05_x.py", line 42 in ring\n'
             f'  File "{ROOT}/lessons/05_x.py", line 80 in main\n')
-    frames = rundir.parse_stack(dump)
+    frames = rank_processes.parse_stack(dump)
     assert frames[0] == ("recv", "/usr/lib/site-packages/torch/x.py:9")
-    own, inner = rundir.blocked_at(frames)
+    own, inner = rank_processes.blocked_at(frames)
     assert own == ("ring", "lessons/05_x.py:42") and inner == frames[0]
 
 
 def test_the_command_shown_fits_100_columns_and_stays_one_shell_command():
-    from common.runner import engine
+    from common.runner import lesson_run
     cmd = [".venv/bin/mpiexec", "-n", "4", ".venv/bin/python", "-m", "mpi4py"] + ["lessons/x.py"] * 12
-    text = engine.shown(cmd)
+    text = lesson_run.shown(cmd)
     assert max(map(len, text.splitlines())) <= 100 and text.count("\n") >= 1
     assert text.replace(" \\\n   ", "") == "$ " + " ".join(cmd)  # the shell reads it back as one line
-    assert engine.shown(["a", "b"]) == "$ a b"
+    assert lesson_run.shown(["a", "b"]) == "$ a b"
 
 
 def test_a_lesson_module_loaded_by_threads_at_once_is_whole_in_each():

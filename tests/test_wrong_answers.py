@@ -43,7 +43,7 @@ import sys
 import pytest
 import yaml
 
-from common.runner import catalog, engine, exercise, verdict
+from common.runner import catalog, exercise, lesson_run, verdict
 from conftest import ROOT, torch_marks
 
 FOLDER = os.path.join(ROOT, "tests", "wrong_answers")
@@ -174,7 +174,7 @@ def test_wrong_answer_fails_its_check(lesson, case, tmp_path, monkeypatch, reque
         for key, value in request.getfixturevalue("double").items():
             monkeypatch.setenv(key, os.pathsep.join([head, value]) if key == "PYTHONPATH" else value)
     np = case.get("np", max(lesson.meta["np"]["check"]))
-    outcome, checks = engine.run_lesson(lesson, np, case.get("api", "mpi4py"), device,
+    outcome, checks = lesson_run.run_lesson(lesson, np, case.get("api", "mpi4py"), device,
                                         case.get("args", lesson.meta.get("args", [])), echo=False,
                                         script=script, timeout=case.get("timeout"))
     why = verdict.explain(lesson, outcome, checks)

@@ -1,6 +1,6 @@
 """The run folder: what the runner and the ranks leave each other, named in one place.
 
-The runner makes one folder per run (common/runner/lifetime.py) and gives it to every rank as
+The runner makes one folder per run (common/runner/stop_signals.py) and gives it to every rank as
 $TUTOR_RUN_DIR; it removes the folder when the run is over. What lies in it:
 
   results.json       the results JSON rank 0 writes (report.finish; the runner passes its path as

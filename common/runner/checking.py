@@ -3,7 +3,7 @@
 import os
 from dataclasses import dataclass, field
 
-from common.runner import engine, exercise, practice, preflight, progress, verdict
+from common.runner import exercise, lesson_run, practice, preflight, progress, verdict
 
 MARKS = {"pass": "✓", "fail": "✗ fail", "crash": "✗ crash", "timeout": "✗ timeout", "usage": "✗ usage",
          "not graded": "– not graded", "blocked": "– blocked", "not run": "– not run"}
@@ -69,8 +69,8 @@ def run_all(how, runs, say):
             rows.append((lesson.name, n, a, "-", "-", MARKS[status]))
             cases.append((lesson, n, a, None, status, [blocked or f"not run: {hung[lesson.name]} hung first"]))
             continue
-        waiting = engine.Waiting(f"{lesson.name} np={n} {a}", engine.limit(lesson), say, n)
-        outcome, checks = engine.run_lesson(lesson, n, a, dev, lesson.meta.get("args", []), echo=False,
+        waiting = lesson_run.Waiting(f"{lesson.name} np={n} {a}", lesson_run.limit(lesson), say, n)
+        outcome, checks = lesson_run.run_lesson(lesson, n, a, dev, lesson.meta.get("args", []), echo=False,
                                             tick=waiting, splice=how.graded.get(lesson.name))
         why = verdict.explain(lesson, outcome, checks)
         if outcome.interrupted:

@@ -152,7 +152,7 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
     lessons = [lesson_or_die(i) for i in lesson_ids] if lesson_ids else [
         lesson_or_die(l.name) for l in catalog.lessons()
         if not mine or os.path.exists(practice.copy_path(l))]
-    if sanitize:  # the ranks read it (common/bootstrap.py); the runner's limits too (engine.limit)
+    if sanitize:  # the ranks read it (common/bootstrap.py); the runner's limits too (lesson_run.limit)
         os.environ["TUTOR_SANITIZE"] = "1"
     try:
         how = checking.plan_runs(lessons, np, api, device, mine, force, junit)

@@ -39,9 +39,9 @@ def python_section():
     line("usable cores", f"{timing.usable_cores()} of {os.cpu_count()}")
     held = launchers.allocation()
     if held:
-        from common.runner import lifetime, preflight
+        from common.runner import preflight, stop_signals
         line("allocation", f"inside {held.words()}: -n is weighed against its {held.cores} CPUs (up to "
-             f"{preflight.np_ceiling()} ranks), run folders go in {lifetime.run_root()} (every node must see it)")
+             f"{preflight.np_ceiling()} ranks), run folders go in {stop_signals.run_root()} (every node must see it)")
 
 
 def mpi_section():

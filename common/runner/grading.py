@@ -9,7 +9,7 @@ none graded nothing of theirs (lesson 01's torch path never calls the MPI exerci
 
 The launched text lies in the run folder; its lines differ from the copy's where a reference replaced
 a stub, so every file:line the run reports is mapped back to the copy (or to the lesson, for lines of
-a reference) before the learner reads it. Pure functions on text; the launch is common/runner/launch.py's.
+a reference) before the learner reads it. Pure functions on text; the launch is common/runner/supervise.py's.
 """
 import os
 import re

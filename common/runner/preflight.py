@@ -8,7 +8,7 @@ import tempfile
 
 from common import flight, timing
 from common.plumbing import devices, guard
-from common.runner import files, launchers, lifetime, schema
+from common.runner import files, launchers, schema, stop_signals
 from common.runner.terminal import path_shown
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
@@ -176,7 +176,7 @@ def space_needed(np, block=4096):
 def check_space(np, folder=None):
     """Blocked (one line) when the temp folder the run folder goes in has too little room: a rank whose
     mapped flight recorder finds the disk full is killed by SIGBUS, with no word of why."""
-    folder = folder or lifetime.run_root()
+    folder = folder or stop_signals.run_root()
     setting = "TMPDIR" if folder == tempfile.gettempdir() else "TUTOR_RUN_ROOT"
     while not os.path.isdir(folder) and os.path.dirname(folder) != folder:  # runs/ not made yet
         folder = os.path.dirname(folder)

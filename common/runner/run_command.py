@@ -5,7 +5,7 @@ common/runner/checking.py."""
 import json
 
 from common.plumbing import guard
-from common.runner import checktable, engine, exercise, files, launchers, practice, preflight, verdict
+from common.runner import checktable, exercise, files, launchers, lesson_run, practice, preflight, verdict
 from common.runner.checking import Interrupted
 from common.runner.terminal import fit
 
@@ -27,7 +27,7 @@ def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_a
         script = practice.mine_or_fail(lesson) if mine else None
         if preflight.wants_help(args):  # your copy takes the lesson's flags: its help is theirs
             preflight.check_script(lesson.path)
-            return engine.lesson_help(lesson)
+            return lesson_run.lesson_help(lesson)
         n = preflight.parse_np(np, lesson)
         preflight.check_request(lesson, n, api, device)
         preflight.parse_timeout(timeout)
@@ -55,7 +55,7 @@ def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_a
     for line in practice.running_mine(lesson, script, splice) if mine else []:
         echo(fit(line))
     try:
-        outcome, checks = engine.run_lesson(lesson, n, api, device, extra, timeout, splice=splice)
+        outcome, checks = lesson_run.run_lesson(lesson, n, api, device, extra, timeout, splice=splice)
     except (preflight.UsageError, launchers.LaunchError) as exc:
         raise Ended(str(exc)) from None
     why = verdict.explain(lesson, outcome, checks)

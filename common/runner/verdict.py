@@ -4,7 +4,7 @@ results JSON keeps, and the JUnit report."""
 import re
 import signal
 
-from common.runner import flightwatch, rundir
+from common.runner import flightwatch, rank_processes
 from common.runner.checktable import got_cell, want_cell
 from common.runner.terminal import by_message, path_shown, ranks_of, short
 from common.text import WIDTH
@@ -16,7 +16,7 @@ EXIT = {"pass": 0, "fail": 1, "usage": 2, "crash": 3, "blocked": 4, "unsaved": 5
 
 
 def status(outcome, checks):
-    """The run's verdict as one word (GUIDE §3, Verdicts). The engine says `blocked` before launching
+    """The run's verdict as one word (GUIDE §3, Verdicts). run_lesson says `blocked` before launching
     where it can tell; a lesson that finds no GPU per rank itself says so in its run folder."""
     if outcome.interrupted:
         return "interrupted"
@@ -81,10 +81,10 @@ def explain(lesson, outcome, checks):
         lines.append(flightwatch.opening(lesson, outcome))
         places = {}
         for rank in outcome.stacks:
-            if not outcome.stacks[rank][0][1]:  # no stack: the process state (rundir.dump_stacks)
+            if not outcome.stacks[rank][0][1]:  # no stack: the process state (rank_processes.dump_stacks)
                 places[rank] = outcome.stacks[rank][0][0]
                 continue
-            own, inner = rundir.blocked_at(outcome.stacks[rank])
+            own, inner = rank_processes.blocked_at(outcome.stacks[rank])
             where = f"{own[0]}() at {own[1]}" if own else "?"
             places[rank] = where + (f"  (inside {inner[0]}() at {inner[1]})" if inner and inner != own else "")
         lines += [f"  {ranks_of(ranks)}: {where}" for ranks, where in by_message(places)]

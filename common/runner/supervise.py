@@ -1,6 +1,6 @@
 """Start a lesson under mpiexec, show its output live, and make sure it ends: timeout, stop signals,
-cleanup (the run folder's pids, stacks and errors, and the killing, live in common/runner/rundir.py; what
-ends the run when the runner itself is told to stop, in common/runner/lifetime.py).
+cleanup (the run folder's pids, stacks and errors, and the killing, live in common/runner/rank_processes.py; what
+ends the run when the runner itself is told to stop, in common/runner/stop_signals.py).
 """
 import json
 import math
@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 
 from common.plumbing import run_folder
-from common.runner import flightwatch, lifetime
+from common.runner import flightwatch, stop_signals
 from common.runner.catalog import ROOT
 from common.runner.launchers import LaunchError, flavour, mpiexec, python
-from common.runner.rundir import dump_stacks, end_tree, rank_pids, read_errors
+from common.runner.rank_processes import dump_stacks, end_tree, rank_pids, read_errors
 
 
 def command(script, np, args=()):
@@ -77,8 +77,8 @@ def supervise(cmd, timeout, echo=True, env=None, tick=None):
     `cmd` may be a function of the run folder that returns the command (and may put a script there)."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
         raise LaunchError(f"a run needs a finite timeout > 0, got {timeout!r}")  # the watchdog stays on
-    with lifetime.Stop() as stop:
-        run_dir = lifetime.new_run_dir()
+    with stop_signals.Stop() as stop:
+        run_dir = stop_signals.new_run_dir()
         try:
             return _run(cmd, timeout, run_dir, stop, echo, env, tick)
         finally:
@@ -104,10 +104,10 @@ def _run(cmd, timeout, run_dir, stop, echo, env, tick):
     try:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=lifetime.die_with_runner())
+                                preexec_fn=stop_signals.die_with_runner())
     except OSError as exc:
         raise LaunchError(f"cannot start {cmd[0]}: {exc.strerror}") from None
-    stop.watch(proc.pid)  # Ctrl-Z stops the run with the runner (lifetime.Stop)
+    stop.watch(proc.pid)  # Ctrl-Z stops the run with the runner (stop_signals.Stop)
     reader = threading.Thread(target=_pump, args=(proc.stdout, out, echo, run_dir), daemon=True)
     reader.start()
     try:

@@ -5,7 +5,7 @@ import re
 import shlex
 
 from common.plumbing import run_folder
-from common.runner import expect, flightwatch, grading, launch, launchers
+from common.runner import expect, flightwatch, grading, launchers, supervise
 from common.runner.catalog import ROOT
 from common.runner.diagnose import stuck, where
 from common.runner.preflight import check_extra
@@ -36,14 +36,14 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
         device = "cpu"
     args = ["--api", api, "--device", device, *extra]
     line = launchers.survivable if lesson.meta.get("expects_death") else (lambda c: c)  # a rank dies on purpose
-    cmd, env, launched = line(launch.command(script or lesson.path, np, args)), launchers.world_env(np), []
+    cmd, env, launched = line(supervise.command(script or lesson.path, np, args)), launchers.world_env(np), []
     if splice:  # the graded text goes in the run folder; common/ is found through PYTHONPATH
         def cmd(run_dir):
             os.mkdir(run_folder.mine(run_dir))
             launched.append(os.path.join(run_folder.mine(run_dir), os.path.basename(lesson.path)))
             with open(launched[0], "w") as f:
                 f.write(splice.text)
-            return line(launch.command(launched[0], np, args))
+            return line(supervise.command(launched[0], np, args))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
         # a practice copy runs sanitized (common/sanitize.py): a racy answer that got lucky fails every
         # time. Buffer hazards only: NCCL's order would stop lesson 01, whose head-to-head exchanges are
@@ -63,7 +63,7 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
     if echo and np > cores:
         print(f"note: {np} ranks share {cores} {what}, so timings will be "
               "distorted (results are still checked)", flush=True)
-    outcome = launch.supervise(cmd, timeout or limit(lesson, extra), echo=echo, env=env, tick=tick)
+    outcome = supervise.supervise(cmd, timeout or limit(lesson, extra), echo=echo, env=env, tick=tick)
     if lesson.meta.get("expects_death"):
         outcome.rc = expected_death(outcome)
     if launched:
@@ -98,9 +98,9 @@ def shown(cmd, width=100):
 
 def lesson_help(lesson):
     """The lesson's own --help, once (one rank), with no verdict: the exit status of the lesson."""
-    cmd = launch.command(lesson.path, 1, ["--help"])
+    cmd = supervise.command(lesson.path, 1, ["--help"])
     print(shown(cmd), flush=True)
-    return launch.supervise(cmd, 60).rc
+    return supervise.supervise(cmd, 60).rc
 
 
 class Waiting:

@@ -2,7 +2,7 @@
 
 - a stop signal (Ctrl-C, SIGTERM from `timeout`, Slurm or CI, SIGHUP when the terminal closes, ...)
   is noted while a run is on; the runner then ends every process of the run, removes its run folder
-  and exits 128 + signal (common/runner/launch.py's wait loop);
+  and exits 128 + signal (common/runner/supervise.py's wait loop);
 - Ctrl-Z stops the run's processes with the runner, and `fg` (SIGCONT) continues them all;
 - SIGKILL cannot be caught: mpiexec is made to die with the runner (Linux), its proxies then end the
   ranks, and the run folder it leaves is removed by the next run.
@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 
-from common.runner import rundir
+from common.runner import rank_processes
 from common.runner.catalog import ROOT
 from common.runner.launchers import LaunchError, allocation
 
@@ -53,7 +53,7 @@ class Stop:
         self.signum = self.signum or signum
 
     def _pause(self, signum, frame):
-        run = [self.pid, *rundir.descendants(self.pid)] if self.pid else []
+        run = [self.pid, *rank_processes.descendants(self.pid)] if self.pid else []
         for pid in reversed(run):  # the ranks first, then their launcher
             _send(pid, signal.SIGSTOP)
         since = time.monotonic()
