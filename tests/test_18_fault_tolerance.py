@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from common.runner import catalog, launchers, lesson_run, supervise, verdict
+from common.runner import catalog, lesson_run, mpi_launchers, supervise, verdict
 from conftest import ROOT
 
 LESSONS = os.path.join(ROOT, "lessons")
@@ -28,7 +28,7 @@ MPIS = {"hydra": "MPICH (hydra)", "open-mpi": "Open MPI 5.0.11 (PRRTE)", "srun":
 
 def as_launcher(monkeypatch, kind, mpi=None):
     """The launcher the runner will identify, whatever program it is asked about."""
-    monkeypatch.setattr(launchers, "identify", lambda program: launchers.Launcher(kind, mpi or MPIS[kind], ""))
+    monkeypatch.setattr(mpi_launchers, "identify", lambda program: mpi_launchers.Launcher(kind, mpi or MPIS[kind], ""))
 
 
 @pytest.mark.parametrize("kind, added", [("hydra", ["-disable-auto-cleanup"]), ("open-mpi", ["--with-ft", "ulfm"]),
@@ -36,21 +36,21 @@ def as_launcher(monkeypatch, kind, mpi=None):
 def test_survivable_adds_the_launchers_own_flag_before_n(kind, added, monkeypatch):
     as_launcher(monkeypatch, kind)
     cmd = ["mpiexec", "--bind-to", "none", "-n", "3", "python", "-m", "mpi4py", "x.py", "-n", "7"]
-    got = launchers.survivable(cmd)
+    got = mpi_launchers.survivable(cmd)
     assert got == cmd[:3] + added + cmd[3:]  # before the first -n: the lesson's own flags are not touched
 
 
 def test_survivable_never_gives_a_flag_twice(monkeypatch):
     as_launcher(monkeypatch, "open-mpi")
     cmd = ["mpirun", "--with-ft", "ulfm", "-n", "2", "python"]
-    assert launchers.survivable(cmd) == cmd
+    assert mpi_launchers.survivable(cmd) == cmd
 
 
 def test_an_open_mpi_before_5_gets_no_ft_flag_it_would_refuse(monkeypatch):
     """--with-ft is PRRTE's (Open MPI 5); a 4.x mpirun given through MPIEXEC would not start."""
     as_launcher(monkeypatch, "open-mpi", "Open MPI 4.1.6 (ORTE)")
     cmd = ["mpirun", "-n", "2", "python"]
-    assert launchers.survivable(cmd) == cmd
+    assert mpi_launchers.survivable(cmd) == cmd
 
 
 def _captured(monkeypatch, lesson_id):

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from common.runner import launchers
+from common.runner import mpi_launchers
 from conftest import ROOT, processes_running, tutor
 from gpu_double import env
 
@@ -56,7 +56,7 @@ def report(**values):
 def start(tmp_path, body, n, extra_env=None):
     script = tmp_path / "prog.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    cmd = [*launchers.mpiexec(n), "-n", str(n), PY, "-m", "mpi4py", str(script)] if n else [PY, str(script)]
+    cmd = [*mpi_launchers.mpiexec(n), "-n", str(n), PY, "-m", "mpi4py", str(script)] if n else [PY, str(script)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **env(tmp_path), **(extra_env or {})}, start_new_session=True)
     return proc, script

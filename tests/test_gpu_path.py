@@ -10,7 +10,7 @@ import pytest
 
 from common import timing
 from common.plumbing import devices
-from common.runner import doctor, launchers
+from common.runner import doctor, mpi_launchers
 from conftest import ROOT, TUTOR
 
 
@@ -125,9 +125,9 @@ def double(tmp_path_factory):
 def hello(env, *per_rank, device="gpu"):
     """Lesson 00 at one rank per entry of per_rank: each rank's own extra environment (hydra's MPMD
     form, as srun --gpus-per-task gives each rank its own CUDA_VISIBLE_DEVICES)."""
-    cmd = launchers.found()
-    if launchers.flavour(cmd[0]) != "hydra":
-        pytest.skip(f"per-rank -env is hydra's (MPICH) form; the launcher here is {launchers.identify(cmd[0]).mpi}")
+    cmd = mpi_launchers.found()
+    if mpi_launchers.flavour(cmd[0]) != "hydra":
+        pytest.skip(f"per-rank -env is hydra's (MPICH) form; the launcher here is {mpi_launchers.identify(cmd[0]).mpi}")
     for i, extra in enumerate(per_rank):
         cmd += ([":"] if i else []) + ["-n", "1"] + [a for k, v in extra.items() for a in ("-env", k, v)]
         cmd += [sys.executable, "-m", "mpi4py", HELLO, "--device", device]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from common.runner import catalog, launchers, lesson_run, verdict
+from common.runner import catalog, lesson_run, mpi_launchers, verdict
 from conftest import ROOT
 
 ACCELERATOR = os.path.join(ROOT, "tests", "gpu_double", "accelerator")
@@ -198,7 +198,7 @@ def test_the_cuda_major_is_read_from_the_installed_wheels(monkeypatch, installed
 
 def hello_on_old_driver(tmp_path, device):
     from gpu_double import env
-    hello = [*launchers.mpiexec(2), "-n", "2", PYTHON, "-m", "mpi4py", "lessons/00_hello.py", "--device", device]
+    hello = [*mpi_launchers.mpiexec(2), "-n", "2", PYTHON, "-m", "mpi4py", "lessons/00_hello.py", "--device", device]
     return subprocess.run(hello, capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, **env(tmp_path, driver="550.54.15")})
 
@@ -297,7 +297,7 @@ runpy.run_path("lessons/03_broadcast_scatter.py", run_name="__main__")
 def test_lesson_03_times_its_repetitions_on_one_backend_made_before_the_clock():
     """torch + NCCL's backend runs an all-reduce when it is made: made per repetition, that ran inside
     the timed region. One backend per way (bcast+slice, scatter), however many repetitions."""
-    proc = subprocess.run([*launchers.mpiexec(2), "-n", "2", PYTHON, "-c", COUNT_BACKENDS], capture_output=True,
+    proc = subprocess.run([*mpi_launchers.mpiexec(2), "-n", "2", PYTHON, "-c", COUNT_BACKENDS], capture_output=True,
                           text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # each rank prints once; two ranks' lines may interleave on one line of the launcher's output

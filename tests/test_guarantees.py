@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from common.runner import launchers, supervise, verdict
+from common.runner import mpi_launchers, supervise, verdict
 from conftest import FIXTURES, TUTOR, end_marked, processes_running, tutor
 from test_robust import one_line_error
 
@@ -166,7 +166,7 @@ def test_no_run_folder_is_left_behind(tmp_path, args):
 
 def test_a_programmatic_caller_cannot_switch_the_watchdog_off():
     for timeout in (float("nan"), float("inf"), 0, -1, None):
-        with pytest.raises(launchers.LaunchError, match="finite timeout"):
+        with pytest.raises(mpi_launchers.LaunchError, match="finite timeout"):
             supervise.supervise(["true"], timeout)
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from common import mpilib
-from common.runner import launchers, supervise
+from common.runner import mpi_launchers, supervise
 from conftest import FIXTURES, ROOT, dollar_line, tutor
 
 VERSIONS = {
@@ -31,14 +31,14 @@ KIND = {"hydra": "hydra", "orte": "open-mpi", "mpirun4": "open-mpi", "prrte": "o
 @pytest.mark.parametrize("name", sorted(VERSIONS))
 def test_each_launcher_is_known_by_its_version(name):
     text, mpi = VERSIONS[name]
-    found = launchers.identify_text(text)
+    found = mpi_launchers.identify_text(text)
     assert (found.kind, found.mpi) == (KIND[name], mpi)
     assert "\0" not in found.version and len(found.version) <= 100
 
 
 def flags(name, argv=("mpiexec",), np=2, root=True, cores=2, monkeypatch=None):
-    monkeypatch.setattr(launchers, "physical_cores", lambda: cores)
-    return launchers.additions(launchers.identify_text(VERSIONS[name][0]), list(argv), np, root=root)
+    monkeypatch.setattr(mpi_launchers, "physical_cores", lambda: cores)
+    return mpi_launchers.additions(mpi_launchers.identify_text(VERSIONS[name][0]), list(argv), np, root=root)
 
 
 @pytest.mark.parametrize("name", ["orte", "prrte"])
@@ -60,17 +60,17 @@ def test_open_mpi_on_several_nodes_or_with_its_own_btl_keeps_every_transport(arg
 
 
 def test_open_mpi_in_a_slurm_allocation_keeps_every_transport(monkeypatch):
-    held = launchers.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "4",
+    held = mpi_launchers.allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "4",
                                  "SLURM_JOB_CPUS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "n[1-2]"})
     assert held.nodes == 2
-    ompi = launchers.identify_text(VERSIONS["prrte"][0])
-    assert "btl" not in launchers.additions(ompi, ["mpirun"], 4, root=False, held=held)
+    ompi = mpi_launchers.identify_text(VERSIONS["prrte"][0])
+    assert "btl" not in mpi_launchers.additions(ompi, ["mpirun"], 4, root=False, held=held)
 
 
 def test_what_the_learner_gave_is_neither_repeated_nor_overridden(monkeypatch):
     argv = ["mpirun", "--map-by", ":OVERSUBSCRIBE", "--bind-to", "core", "--allow-run-as-root"]
     assert flags("prrte", argv, np=8, monkeypatch=monkeypatch) == ["--mca", "btl", "^ofi,uct"]  # nothing given
-    assert "binds ranks to cores" in launchers.note_for(launchers.identify_text(VERSIONS["prrte"][0]), argv)
+    assert "binds ranks to cores" in mpi_launchers.note_for(mpi_launchers.identify_text(VERSIONS["prrte"][0]), argv)
 
 
 @pytest.mark.parametrize("name, added", [
@@ -78,15 +78,15 @@ def test_what_the_learner_gave_is_neither_repeated_nor_overridden(monkeypatch):
 def test_other_launchers(name, added, monkeypatch):
     monkeypatch.delenv("I_MPI_PIN", raising=False)
     assert flags(name, np=64, monkeypatch=monkeypatch) == added
-    said = launchers.note_for(launchers.identify_text(VERSIONS[name][0]), ["x"])
+    said = mpi_launchers.note_for(mpi_launchers.identify_text(VERSIONS[name][0]), ["x"])
     assert (said is not None) == (name == "unknown"), said
 
 
 def fake_launcher(folder, version, name="mpirun"):
     """A launcher that says `version` and otherwise drops the Open MPI flags and runs the venv's
     real launcher (found as the runner would find it without MPIEXEC)."""
-    real = os.path.join(ROOT, launchers.found()[0]) if not os.environ.get("MPIEXEC") else None
-    if real is None or launchers.flavour(real) != "hydra":
+    real = os.path.join(ROOT, mpi_launchers.found()[0]) if not os.environ.get("MPIEXEC") else None
+    if real is None or mpi_launchers.flavour(real) != "hydra":
         pytest.skip("needs hydra (MPICH) as the launcher the runner finds, to stand behind the fake")
     path = folder / name
     path.write_text("#!/bin/sh\n"
@@ -115,7 +115,7 @@ def test_the_dollar_line_shows_what_was_added_wherever_the_launcher_comes_from(w
     first = dollar_line(proc.stdout).split()
     assert proc.returncode == 0 and first[:2] == ["$", str(fake)], proc.stdout + proc.stderr
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    over = ["--oversubscribe"] if 3 > launchers.physical_cores() else []  # Open MPI's slots: a core each
+    over = ["--oversubscribe"] if 3 > mpi_launchers.physical_cores() else []  # Open MPI's slots: a core each
     one_node = ["--mca", "btl", "'^ofi,uct'"]  # quoted for the shell, as shown
     assert first[2:2 + len(root) + len(over) + 6] == [*root, *over, "--bind-to", "none", *one_node, "-n"], first
 
@@ -174,7 +174,7 @@ def test_library_names_are_clean_and_short(text, short):
     ("hydra", "MPICH Version: 5.0.2", False), ("orte", "Open MPI v4.1.4, package", False),
     ("srun", "MPICH Version: 5.0.2", False), ("unknown", "Open MPI v5.0.11", False)])
 def test_mismatch_is_said_only_when_both_are_known_and_differ(launcher, library, mismatch):
-    said = launchers.mismatch_of(launchers.identify_text(VERSIONS[launcher][0]), library)
+    said = mpi_launchers.mismatch_of(mpi_launchers.identify_text(VERSIONS[launcher][0]), library)
     assert (said is not None) == mismatch, said
     assert said is None or said.startswith("MISMATCH: mpi4py is built for ")
 
@@ -231,7 +231,7 @@ def test_a_session_folder_a_killed_launcher_left_never_stops_a_later_run(tmp_pat
     # one write a rank (print's pieces are writes of their own: two ranks' split and interleaved once)
     probe = ("import os; t, r = os.environ['TMPDIR'], os.environ['TUTOR_RUN_DIR']; "
              "os.write(1, f'tmp-in-run-folder {t.startswith(r + os.sep) and os.path.isdir(t)}\\n'.encode())")
-    cmd = [*launchers.mpiexec(2), "-n", "2", launchers.python(), "-c", probe]
+    cmd = [*mpi_launchers.mpiexec(2), "-n", "2", mpi_launchers.python(), "-c", probe]
     out = supervise.supervise(cmd, timeout=60, echo=False, env={"TMPDIR": str(tmp_path)})
     said = "\n".join(out.tail)
     assert out.rc == 0 and said.count("tmp-in-run-folder True") == 2, said

@@ -11,7 +11,7 @@ import os
 import subprocess
 
 from common.plumbing import run_folder
-from common.runner import launchers, supervise, verdict
+from common.runner import mpi_launchers, supervise, verdict
 from conftest import ROOT
 
 TRUNC = "MPI.Exception: MPI_ERR_TRUNCATE: message truncated"
@@ -67,7 +67,7 @@ def test_the_rank_writes_its_mpi_error_with_class_and_line(tmp_path):
     script = tmp_path / "truncated.py"
     script.write_text(HOOKED)
     env = {**os.environ, run_folder.ENV: str(tmp_path), "PYTHONPATH": ROOT}
-    run = subprocess.run([launchers.python(), str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+    run = subprocess.run([mpi_launchers.python(), str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
     assert run.returncode != 0
     line = open(run_folder.rank_file(tmp_path, 0, "error")).read()

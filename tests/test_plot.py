@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from common import plot, shards
-from common.runner import launchers
+from common.runner import mpi_launchers
 from conftest import ROOT, load_lesson
 from lessons.allreduce_algorithms import schedules as sched
 
@@ -69,7 +69,7 @@ def test_a_picture_that_cannot_be_written_is_said_before_the_work(tmp_path, monk
     ("05_ring_allreduce.py", ["-b", "1K", "-e", "4K", "-f", "4"]),
     ("07_allreduce_algorithms.py", ["--algos", "ring,rd", "-b", "4K", "-e", "16K", "-f", "4"])])
 def test_a_run_writes_both_pictures(lesson, args, tmp_path):
-    mpiexec = launchers.mpiexec(2)  # as the runner finds it, with what it needs (Open MPI as root: a flag)
+    mpiexec = mpi_launchers.mpiexec(2)  # as the runner finds it, with what it needs (Open MPI as root: a flag)
     out = tmp_path / "r.json"
     cmd = mpiexec + ["-n", "2", sys.executable, "-m", "mpi4py", os.path.join(ROOT, "lessons", lesson),
                      *args, "-n", "1", "-w", "0", "--counts", "5", "--plot", str(tmp_path / "plot.png"),

@@ -12,7 +12,7 @@ import pytest
 
 from common import bootstrap, timing
 from common.plumbing import run_folder
-from common.runner import catalog, launchers, preflight, supervise, verdict
+from common.runner import catalog, mpi_launchers, preflight, supervise, verdict
 from conftest import FIXTURES, ROOT, TUTOR, processes_running, tutor
 
 # these tests look for the fixture lessons' processes by name: under pytest-xdist (make test) they
@@ -110,7 +110,7 @@ def test_more_local_ranks_than_gpus(fake_gpu):
 
 
 def test_lesson_refuses_gpu_itself_when_launched_by_hand():
-    cmd = [*launchers.mpiexec(2), "-n", "2", sys.executable, "-m", "mpi4py",
+    cmd = [*mpi_launchers.mpiexec(2), "-n", "2", sys.executable, "-m", "mpi4py",
            os.path.join(FIXTURES, "01_pass.py"), "--device", "gpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
@@ -122,7 +122,7 @@ def test_one_gpu_probe_per_node_not_per_rank(tmp_path):
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\n")
     smi.chmod(0o755)
-    cmd = [*launchers.mpiexec(3), "-n", "3", sys.executable, "-m", "mpi4py",
+    cmd = [*mpi_launchers.mpiexec(3), "-n", "3", sys.executable, "-m", "mpi4py",
            os.path.join(FIXTURES, "01_pass.py"), "--device", "gpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
@@ -151,7 +151,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
     one_line_error(tutor("run", "1", env={**FIX, "TUTOR_RUN_ROOT": str(tmp_path / "absent")}),
                    "TUTOR_RUN_ROOT=", "no such folder")
     (tmp_path / "state").write_text("")
-    launcher = os.path.join(ROOT, launchers.found()[0])  # the real one: MPIEXEC set puts runs/ in the state
+    launcher = os.path.join(ROOT, mpi_launchers.found()[0])  # the real one: MPIEXEC set puts runs/ in the state
     one_line_error(tutor("run", "1", env={**FIX, "MPIEXEC": launcher, "TUTOR_STATE": str(tmp_path / "state")}),
                    "runs", "TUTOR_RUN_ROOT")
     assert sorted(os.listdir(tmp_path)) == ["state"]
@@ -245,7 +245,7 @@ def test_open_mpi_gets_oversubscribe(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.5'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("MPIEXEC", str(fake))
-    argv = launchers.mpiexec(np=timing.usable_cores() + 1)
+    argv = mpi_launchers.mpiexec(np=timing.usable_cores() + 1)
     assert "--oversubscribe" in argv
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
 

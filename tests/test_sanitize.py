@@ -159,8 +159,8 @@ def expected(api, rank=0):
 
 
 def run(args, tmp_path, timeout=120, env=None):
-    from common.runner import launchers  # what the launcher needs here (Open MPI as root: its flags)
-    extra = launchers.additions(launchers.identify(MPIEXEC), [MPIEXEC], 2)
+    from common.runner import mpi_launchers  # what the launcher needs here (Open MPI as root: its flags)
+    extra = mpi_launchers.additions(mpi_launchers.identify(MPIEXEC), [MPIEXEC], 2)
     return subprocess.run([MPIEXEC, *extra, "-n", "2", sys.executable, "-m", "mpi4py", *args], cwd=ROOT,
                           timeout=timeout, capture_output=True, text=True, env={**os.environ, **(env or {})})
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from common.runner import catalog, launchers, testbed
+from common.runner import catalog, mpi_launchers, testbed
 from conftest import ROOT, TUTOR
 
 ALLOC = {"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "3", "SLURM_NTASKS": "5",
@@ -28,33 +28,33 @@ LISTED = ("pmix", "none", "cray_shasta", "pmi2", "pmix_v4")
 @pytest.mark.parametrize("text, counts", [("2(x3),1", [2, 2, 2, 1]), ("8", [8]), ("1,2,3", [1, 2, 3]),
                                           ("", None), ("2(x)", None), ("two", None)])
 def test_slurm_count_lists(text, counts):
-    assert launchers.per_node(text) == counts
+    assert mpi_launchers.per_node(text) == counts
 
 
 def test_the_allocation_is_read_from_slurms_variables():
-    held = launchers.allocation(ALLOC)
+    held = mpi_launchers.allocation(ALLOC)
     assert (held.job, held.nodes, held.tasks, held.cpus, held.cores, held.slots) == ("17", 3, 5, (4, 4, 2), 10, 5)
     assert "3 nodes (n[1-3]), 5 tasks, 4+4+2 CPUs" in held.words()
-    assert launchers.allocation({k: v for k, v in ALLOC.items() if k != "SLURM_JOB_ID"}) is None
+    assert mpi_launchers.allocation({k: v for k, v in ALLOC.items() if k != "SLURM_JOB_ID"}) is None
     # no -n given: Slurm's tasks per node, else a slot per CPU; a count list it cannot read: a CPU a node
     bare = {**ALLOC, "SLURM_NTASKS": "", "SLURM_TASKS_PER_NODE": "2(x3)"}
-    assert launchers.allocation(bare).slots == 6
+    assert mpi_launchers.allocation(bare).slots == 6
     odd = {"SLURM_JOB_ID": "3", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_CPUS_PER_NODE": "lots"}
-    assert launchers.allocation(odd).cpus == (1, 1) and launchers.allocation(odd).slots == 2
+    assert mpi_launchers.allocation(odd).cpus == (1, 1) and mpi_launchers.allocation(odd).slots == 2
 
 
 def test_open_mpi_slots_and_hydras_interface_come_from_the_allocation(monkeypatch):
-    monkeypatch.setattr(launchers, "physical_cores", lambda: 1)
+    monkeypatch.setattr(mpi_launchers, "physical_cores", lambda: 1)
     monkeypatch.delenv("HYDRA_IFACE", raising=False)
-    ompi = launchers.identify_text("mpiexec (Open MPI) 5.0.11\n")
-    held = launchers.allocation(ALLOC)
-    assert "--oversubscribe" not in launchers.additions(ompi, ["mpiexec"], 5, root=False, held=held)
-    assert "--oversubscribe" in launchers.additions(ompi, ["mpiexec"], 6, root=False, held=held)
-    assert "--oversubscribe" in launchers.additions(ompi, ["mpiexec"], 2, root=False, held=False)  # the machine's
-    hydra = launchers.identify_text("HYDRA build details:\n    Version: 5.0.2\n")
-    assert launchers.additions(hydra, ["mpiexec"], 4, held=held, iface="eth7") == ["-iface", "eth7"]
-    assert launchers.additions(hydra, ["mpiexec", "-iface", "ib0"], 4, held=held, iface="eth7") == []
-    assert launchers.additions(hydra, ["mpiexec"], 4, held=False, iface="eth7") == []
+    ompi = mpi_launchers.identify_text("mpiexec (Open MPI) 5.0.11\n")
+    held = mpi_launchers.allocation(ALLOC)
+    assert "--oversubscribe" not in mpi_launchers.additions(ompi, ["mpiexec"], 5, root=False, held=held)
+    assert "--oversubscribe" in mpi_launchers.additions(ompi, ["mpiexec"], 6, root=False, held=held)
+    assert "--oversubscribe" in mpi_launchers.additions(ompi, ["mpiexec"], 2, root=False, held=False)  # the machine's
+    hydra = mpi_launchers.identify_text("HYDRA build details:\n    Version: 5.0.2\n")
+    assert mpi_launchers.additions(hydra, ["mpiexec"], 4, held=held, iface="eth7") == ["-iface", "eth7"]
+    assert mpi_launchers.additions(hydra, ["mpiexec", "-iface", "ib0"], 4, held=held, iface="eth7") == []
+    assert mpi_launchers.additions(hydra, ["mpiexec"], 4, held=False, iface="eth7") == []
 
 
 @pytest.mark.parametrize("argv, library, plugins, default, said", [
@@ -70,7 +70,7 @@ def test_open_mpi_slots_and_hydras_interface_come_from_the_allocation(monkeypatc
 ])
 def test_srun_with_a_pmi_the_ranks_cannot_speak_is_one_line(argv, library, plugins, default, said, monkeypatch):
     monkeypatch.delenv("SLURM_MPI_TYPE", raising=False)
-    line = launchers.pmi_refusal(argv, library, plugins, default)
+    line = mpi_launchers.pmi_refusal(argv, library, plugins, default)
     assert line == said if said is None else said in line and len(line) <= 100 - len("tutor: blocked: ")
 
 
@@ -93,7 +93,7 @@ def fake_srun(folder, stderr, rc):
 def test_a_pmi_plugin_srun_lists_but_cannot_load_is_one_line(stderr, rc, said, tmp_path):
     """Debian's Slurm lists pmix but, without libpmix-dev, cannot dlopen its libpmix.so: the runner's
     one-task probe says so, naming the package; an error that is not the plugin's is left to srun."""
-    line = launchers.plugin_loads(fake_srun(tmp_path, stderr, rc), "pmix")
+    line = mpi_launchers.plugin_loads(fake_srun(tmp_path, stderr, rc), "pmix")
     assert line == said if said is None else line.startswith(said) and len(line) <= 100 - len("tutor: blocked: ")
 
 
@@ -184,7 +184,7 @@ def test_srun_launches_open_mpis_ranks_with_pmix(cluster, number, tmp_path, monk
     does not load (Debian without libpmix-dev)."""
     monkeypatch.setenv("SLURM_CONF", cluster.slurm_conf)
     python_of("openmpi")
-    why = launchers.plugin_loads("srun", "pmix")
+    why = mpi_launchers.plugin_loads("srun", "pmix")
     if why:
         pytest.skip(why)
     rc, said, results = in_allocation(cluster, number, "openmpi", tmp_path, launcher="srun --mpi=pmix")

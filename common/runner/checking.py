@@ -27,7 +27,7 @@ class CheckPlan:
 
 def plan_runs(lessons, np=None, api=None, device=None, mine=False, force=False, junit=None):
     """Every run to make, each validated before any starts. Raises exercise.PracticeError,
-    preflight.UsageError, launchers.LaunchError or preflight.ScriptError (one line each)."""
+    preflight.UsageError, mpi_launchers.LaunchError or preflight.ScriptError (one line each)."""
     out = CheckPlan(scripts={l.name: practice.mine_or_fail(l) if mine else None for l in lessons})
     if mine and not lessons:
         raise exercise.PracticeError("nothing to check yet: start with `bin/tutor practice ID`")

@@ -17,7 +17,7 @@ from common.runner import (
     exercise,
     files,
     flightwatch,
-    launchers,
+    mpi_launchers,
     practice,
     preflight,
     run_command,
@@ -156,7 +156,7 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
         os.environ["TUTOR_SANITIZE"] = "1"
     try:
         how = checking.plan_runs(lessons, np, api, device, mine, force, junit)
-    except (exercise.PracticeError, preflight.UsageError, launchers.LaunchError) as exc:
+    except (exercise.PracticeError, preflight.UsageError, mpi_launchers.LaunchError) as exc:
         die(str(exc))
     except preflight.ScriptError as exc:
         die(str(exc), verdict.EXIT["crash"])
@@ -170,7 +170,7 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
     with progress(how.runs, "checking", lambda p: f"{p[0].name} np={p[1]} {p[2]}") as bar:
         try:
             rows, cases, hung = checking.run_all(how, bar, lambda text: typer.echo(fit(text), err=True))
-        except (preflight.UsageError, launchers.LaunchError) as exc:
+        except (preflight.UsageError, mpi_launchers.LaunchError) as exc:
             die(str(exc))
         except checking.Interrupted as exc:
             interrupted(exc.lines, exc.rc)

@@ -12,7 +12,7 @@ import time
 
 from common import mpilib, timing
 from common.plumbing import devices, driver
-from common.runner import launchers
+from common.runner import mpi_launchers
 
 
 def line(name, value):
@@ -37,7 +37,7 @@ def python_section():
          f"{where})")
     line("GIL", "enabled" if gil else "disabled (free-threaded build)")
     line("usable cores", f"{timing.usable_cores()} of {os.cpu_count()}")
-    held = launchers.allocation()
+    held = mpi_launchers.allocation()
     if held:
         from common.runner import preflight, stop_signals
         line("allocation", f"inside {held.words()}: -n is weighed against its {held.cores} CPUs (up to "
@@ -63,18 +63,18 @@ def mpi_section():
         return MPI.Get_library_version()
 
     def launcher():
-        argv = launchers.mpiexec(2)
+        argv = mpi_launchers.mpiexec(2)
         line("mpiexec", " ".join(argv))
-        who = launchers.identify(argv[0])
-        line("launcher", launchers.words(who, argv[0]))
-        if launchers.allocation():
+        who = mpi_launchers.identify(argv[0])
+        line("launcher", mpi_launchers.words(who, argv[0]))
+        if mpi_launchers.allocation():
             how = {"hydra": "hydra starts its proxies with srun" + (" and is told this host's interface on the "
                                                                    "nodes' network" if "-iface" in argv else ""),
                    "open-mpi": "Open MPI reads the allocation's nodes and slots itself",
                    "srun": "srun starts the ranks as a step of the allocation"}.get(who.kind, "runs as given")
             line("in the allocation", how)
         if who.kind == "srun":
-            line("PMI", launchers.pmi_check() or f"{launchers.srun_mpi(argv) or 'MpiDefault'}: mpi4py's MPI "
+            line("PMI", mpi_launchers.pmi_check() or f"{mpi_launchers.srun_mpi(argv) or 'MpiDefault'}: mpi4py's MPI "
                  "speaks it, or it cannot be told")
         return argv
 
@@ -83,7 +83,7 @@ def mpi_section():
         check = ("import os; from mpi4py import MPI; "  # one write per rank: lines never interleave
                  "os.write(1, f'{MPI.COMM_WORLD.size} {MPI.Query_thread()}\\n'.encode())")
         t0 = time.monotonic()
-        out = subprocess.run([*argv, "-n", "2", launchers.python(), "-c", check], capture_output=True,
+        out = subprocess.run([*argv, "-n", "2", mpi_launchers.python(), "-c", check], capture_output=True,
                              text=True, timeout=60, stdin=subprocess.DEVNULL)
         rows = [r.split() for r in out.stdout.splitlines() if re.fullmatch(r"\d+ \d+", r.strip())]
         if out.returncode != 0 or len(rows) != 2:
@@ -103,9 +103,9 @@ def mpi_section():
     argv = probe("mpiexec", launcher)
     problems += library_text is None or argv is None
     if library_text and argv:
-        who = launchers.identify(argv[0])
-        said = launchers.mismatch_of(who, library_text)
-        family = launchers.library_family(library_text)
+        who = mpi_launchers.identify(argv[0])
+        said = mpi_launchers.mismatch_of(who, library_text)
+        family = mpi_launchers.library_family(library_text)
         told = family and who.kind in ("hydra", "open-mpi")
         name = {"mpich": "MPICH", "open-mpi": "Open MPI"}.get(family, family)
         line("same MPI?", said or (f"yes: {name} for both" if told else

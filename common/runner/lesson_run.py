@@ -5,7 +5,7 @@ import re
 import shlex
 
 from common.plumbing import run_folder
-from common.runner import expect, flightwatch, grading, launchers, supervise
+from common.runner import expect, flightwatch, grading, mpi_launchers, supervise
 from common.runner.catalog import ROOT
 from common.runner.diagnose import stuck, where
 from common.runner.preflight import check_extra
@@ -35,8 +35,8 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
     if device == "auto" and lesson.meta.get("devices") == ["cpu"]:  # auto never picks what it cannot run
         device = "cpu"
     args = ["--api", api, "--device", device, *extra]
-    line = launchers.survivable if lesson.meta.get("expects_death") else (lambda c: c)  # a rank dies on purpose
-    cmd, env, launched = line(supervise.command(script or lesson.path, np, args)), launchers.world_env(np), []
+    line = mpi_launchers.survivable if lesson.meta.get("expects_death") else (lambda c: c)  # a rank dies on purpose
+    cmd, env, launched = line(supervise.command(script or lesson.path, np, args)), mpi_launchers.world_env(np), []
     if splice:  # the graded text goes in the run folder; common/ is found through PYTHONPATH
         def cmd(run_dir):
             os.mkdir(run_folder.mine(run_dir))
@@ -57,9 +57,9 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
         def cmd(run_dir):
             tick.watch(run_dir)
             return given(run_dir) if callable(given) else given
-    if echo and launchers.note():
-        print(launchers.note(), flush=True)
-    cores, what = launchers.cores()  # inside a Slurm allocation, the CPUs it holds
+    if echo and mpi_launchers.note():
+        print(mpi_launchers.note(), flush=True)
+    cores, what = mpi_launchers.cores()  # inside a Slurm allocation, the CPUs it holds
     if echo and np > cores:
         print(f"note: {np} ranks share {cores} {what}, so timings will be "
               "distorted (results are still checked)", flush=True)
@@ -72,7 +72,7 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
         outcome.wrong_world = (f"wrong world: the results are of {outcome.results.get('np')} rank(s), "
                                f"{np} were started: mpi4py must be built for the launcher's MPI")
     if outcome.rc and not outcome.pids and not outcome.wrong_world:  # no rank joined: MPI itself failed
-        outcome.wrong_world = launchers.mismatch()
+        outcome.wrong_world = mpi_launchers.mismatch()
     if outcome.wrong_world:  # nothing a wrong world reported is checked: it is never a pass
         outcome.results = None
     elif outcome.planted:  # lesson 14's fault: grade the diagnosis, whether the fault hung the run or not

@@ -8,7 +8,7 @@ import tempfile
 
 from common import flight, timing
 from common.plumbing import devices, guard
-from common.runner import files, launchers, schema, stop_signals
+from common.runner import files, mpi_launchers, schema, stop_signals
 from common.runner.terminal import path_shown
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
@@ -31,8 +31,8 @@ def np_ceiling():
     """The most ranks this machine runs without --force: 4 per usable core, at least 8; inside a Slurm
     allocation, 4 per CPU it holds. None when MPIEXEC is set outside one (a cluster launcher: the ranks
     may go to other nodes, whose cores are not ours)."""
-    if launchers.allocation():
-        return max(8, 4 * launchers.cores()[0])
+    if mpi_launchers.allocation():
+        return max(8, 4 * mpi_launchers.cores()[0])
     return None if os.environ.get("MPIEXEC") else max(8, 4 * timing.usable_cores())
 
 
@@ -134,16 +134,16 @@ def needs(lesson, np, api, device, force=False):
     cores for np ranks, a GPU per local rank, the libraries the path imports (looked up, not imported)."""
     ceiling = np_ceiling()
     if ceiling and np > ceiling and not force:
-        cores, what = launchers.cores()
+        cores, what = mpi_launchers.cores()
         raise Blocked(f"-n {np} is more ranks than {cores} {what.replace('usable ', '')} run sensibly (at most "
                       f"{ceiling}); --force runs it anyway")
-    refusal = launchers.pmi_check()  # srun with a PMI the ranks' MPI does not speak: worlds of one
+    refusal = mpi_launchers.pmi_check()  # srun with a PMI the ranks' MPI does not speak: worlds of one
     if refusal:
         raise Blocked(refusal)
     gpu = device == "gpu" or lesson.needs_gpu
     if gpu:
         n, why = _gpus()
-        local = np if not (os.environ.get("MPIEXEC") or launchers.allocation()) else 1  # only the ranks can tell
+        local = np if not (os.environ.get("MPIEXEC") or mpi_launchers.allocation()) else 1  # only the ranks can tell
         if n == 0:
             raise Blocked(f"{why}; " + ("this lesson needs a GPU" if lesson.needs_gpu else "use --device cpu"))
         if local > n:

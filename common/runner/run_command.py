@@ -5,7 +5,7 @@ common/runner/checking.py."""
 import json
 
 from common.plumbing import guard
-from common.runner import checktable, exercise, files, launchers, lesson_run, practice, preflight, verdict
+from common.runner import checktable, exercise, files, lesson_run, mpi_launchers, practice, preflight, verdict
 from common.runner.checking import Interrupted
 from common.runner.terminal import fit
 
@@ -36,12 +36,12 @@ def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_a
         if json_path is not None:
             preflight.check_json_target(json_path)
         splice = practice.splice_mine(lesson) if mine else None  # as `check --mine` grades it
-    except (preflight.UsageError, launchers.LaunchError, files.FileError, exercise.PracticeError) as exc:
+    except (preflight.UsageError, mpi_launchers.LaunchError, files.FileError, exercise.PracticeError) as exc:
         raise Ended(str(exc)) from None
     try:
         preflight.check_script(script or lesson.path)
         preflight.needs(lesson, n, api, device, force)
-    except launchers.LaunchError as exc:  # MPIEXEC names no program (asked for srun's PMI)
+    except mpi_launchers.LaunchError as exc:  # MPIEXEC names no program (asked for srun's PMI)
         raise Ended(str(exc)) from None
     except (preflight.ScriptError, preflight.Blocked) as exc:
         status = "blocked" if isinstance(exc, preflight.Blocked) else "crash"
@@ -56,7 +56,7 @@ def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_a
         echo(fit(line))
     try:
         outcome, checks = lesson_run.run_lesson(lesson, n, api, device, extra, timeout, splice=splice)
-    except (preflight.UsageError, launchers.LaunchError) as exc:
+    except (preflight.UsageError, mpi_launchers.LaunchError) as exc:
         raise Ended(str(exc)) from None
     why = verdict.explain(lesson, outcome, checks)
     status, rc = verdict.status(outcome, checks), verdict.exit_code(outcome, checks)

@@ -19,7 +19,7 @@ import time
 
 from common.runner import rank_processes
 from common.runner.catalog import ROOT
-from common.runner.launchers import LaunchError, allocation
+from common.runner.mpi_launchers import LaunchError, allocation
 
 # Every signal whose default action would end the runner ends the run first, then the runner, with the
 # conventional status 128 + signal; SIGINT (Ctrl-C) is one of them (130). A signal ignored when the

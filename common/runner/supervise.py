@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from common.plumbing import run_folder
 from common.runner import flightwatch, stop_signals
 from common.runner.catalog import ROOT
-from common.runner.launchers import LaunchError, flavour, mpiexec, python
+from common.runner.mpi_launchers import LaunchError, flavour, mpiexec, python
 from common.runner.rank_processes import dump_stacks, end_tree, rank_pids, read_errors
 
 

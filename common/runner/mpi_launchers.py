@@ -56,7 +56,7 @@ def found():
 
 def mpiexec(np):
     """The launcher's argv for `np` ranks: $MPIEXEC if set, else the mpiexec beside the ranks' Python (the
-    venv's, or TUTOR_PYTHON's), else PATH's; with what its kind needs appended (launchers.additions)."""
+    venv's, or TUTOR_PYTHON's), else PATH's; with what its kind needs appended (mpi_launchers.additions)."""
     argv = found()
     return argv + additions(identify(argv[0]), argv, np)
 
