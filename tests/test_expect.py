@@ -1,5 +1,5 @@
 """Tier 1: picking values from a results JSON by path and comparing them with the YAML's wants."""
-from common.runner.expect import MISSING, run_checks, select
+from common.runner.yaml_checks import MISSING, run_checks, select
 
 DOC = {"lesson": "x", "np": 3, "api": "mpi4py", "device": "cpu", "transport": "mpi",
        "params": {"count": 10},

@@ -103,9 +103,9 @@ def test_output_paths_land_where_the_learner_typed_them_and_are_replaced_next_ti
 
 
 def test_output_paths_are_made_absolute_and_other_flags_left_alone(tmp_path):
-    from common.runner import files
+    from common.runner import output_files
     given = ["--trace", "--csv", "r.csv", "--plot=p.png", "--counts", "8"]  # 05's --trace: no path
-    assert files.lesson_outputs(given, here=str(tmp_path)) == [
+    assert output_files.lesson_outputs(given, here=str(tmp_path)) == [
         "--trace", "--csv", str(tmp_path / "r.csv"), f"--plot={tmp_path / 'p.png'}", "--counts", "8"]
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from common.plumbing import run_folder
-from common.runner import catalog, exercise, grading, lesson_run, practice, progress, supervise, verdict
+from common.runner import catalog, exercise, lesson_run, practice, practice_grading, progress, supervise, verdict
 from common.runner.terminal import path_shown
 from conftest import FIXTURES, ROOT, torch_marks, tutor
 
@@ -89,7 +89,7 @@ def test_stub_of_one_region_leaves_the_others():
         space["f"](1)
 
 
-# ---- grading one idea at a time (common/runner/grading.py) ---------------------------------------
+# ---- grading one idea at a time (common/runner/practice_grading.py) ---------------------------------------
 
 def _written(first=None, second=None):
     """The learner's copy of SOURCE with a region's TODO replaced by `first` / `second` lines."""
@@ -104,7 +104,7 @@ def _written(first=None, second=None):
 
 def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, monkeypatch):
     mine = _written(first=["y = x + 1", "y = y + 0", "z = y * 2", "assert x != 5, 'mine'"])
-    plan = grading.splice(SOURCE, mine, "practice/f.py", "lessons/f.py", "07")
+    plan = practice_grading.splice(SOURCE, mine, "practice/f.py", "lessons/f.py", "07")
     assert (plan.mine, plan.reference) == (["first"], ["second"])
     assert plan.notes() == ["exercise second: still the TODO, so the lesson's reference runs in its place; "
                             "graded: your first"]
@@ -123,7 +123,7 @@ def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, mon
     out = supervise.Outcome(rc=1, seconds=0, errors={0: f"AssertionError: mine (launched.py:{mine_at + 1})"},
                          tail=[f'  File "launched.py", line {at + 1}, in f'],
                          stacks={0: [("f", f"launched.py:{mine_at + 1}")]})
-    grading.relabel(out, plan, "launched.py")
+    practice_grading.relabel(out, plan, "launched.py")
     line = plan.origin[mine_at][1]
     assert out.errors[0] == f"AssertionError: mine (practice/f.py:{line})" and "mine" in str(err.value)
     assert out.tail == ['  File "lessons/f.py", line 9, in f'] and out.stacks[0] == [("f", f"practice/f.py:{line}")]
@@ -132,8 +132,9 @@ def test_an_untouched_region_runs_the_reference_and_lines_map_back(tmp_path, mon
 def test_a_copy_with_nothing_written_is_refused_before_a_launch():
     with pytest.raises(exercise.PracticeError, match=r"nothing to check yet: .*first \(practice/f.py:4\), "
                                                      r"second \(practice/f.py:9\).*no run was started"):
-        grading.splice(SOURCE, exercise.make_stub(SOURCE, "07"), "practice/f.py", "lessons/f.py", "07")
-    both = grading.splice(SOURCE, _written(first=["y = 3", "z = 4"], second=["return 0"]), "p.py", "l.py", "07")
+        practice_grading.splice(SOURCE, exercise.make_stub(SOURCE, "07"), "practice/f.py", "lessons/f.py", "07")
+    both = practice_grading.splice(SOURCE, _written(first=["y = 3", "z = 4"], second=["return 0"]),
+                                   "p.py", "l.py", "07")
     assert both.mine == ["first", "second"] and both.reference == [] and both.notes() == []
 
 
@@ -147,7 +148,7 @@ def test_a_value_every_rank_got_alike_is_said_once(sandbox):
 
 
 def test_a_run_that_never_reached_your_code_is_not_graded():
-    plan = grading.Splice("p.py", "l.py", "", mine=["spread"], reference=["double"])
+    plan = practice_grading.Splice("p.py", "l.py", "", mine=["spread"], reference=["double"])
     passed = supervise.Outcome(rc=0, seconds=0, ran={"double"})
     assert practice.graded_verdict(plan, passed, "pass", [])[0] == "not graded"
     failed = practice.graded_verdict(plan, passed, "fail", ["check failed: x"])
@@ -329,9 +330,9 @@ def test_after_a_run_the_takeaway_or_the_view_that_shows_the_failure(sandbox):
 
 def test_a_pass_counts_only_what_was_graded(sandbox):
     lesson = catalog.resolve("01")
-    half = grading.Splice("p.py", "l.py", "", mine=["allreduce"], reference=["other"])
+    half = practice_grading.Splice("p.py", "l.py", "", mine=["allreduce"], reference=["other"])
     assert "next, write exercise other" in practice.record(lesson, ["pass", "pass"], half, full=True)
-    yours = grading.Splice("p.py", "l.py", "", mine=["allreduce"])
+    yours = practice_grading.Splice("p.py", "l.py", "", mine=["allreduce"])
     assert "nothing was graded" in practice.record(lesson, ["not graded", "blocked"], yours, full=True)
     assert "not yet" in practice.record(lesson, ["pass", "not run"], yours, full=True)
     assert practice.state(lesson) == "in progress"
@@ -343,7 +344,7 @@ def test_solution_waits_for_a_full_pass(sandbox):
     with pytest.raises(exercise.PracticeError, match="solve it first"):
         practice.solution(lesson)
     assert "op=MPI.SUM" in practice.solution(lesson, force=True)
-    yours = grading.Splice("p.py", "l.py", "", mine=["allreduce"])
+    yours = practice_grading.Splice("p.py", "l.py", "", mine=["allreduce"])
     practice.record(lesson, ["pass"], yours, full=False)  # one NP only: not yet
     assert practice.state(lesson) == "in progress"
     practice.record(lesson, ["pass", "not graded"], yours, full=True)

@@ -247,17 +247,17 @@ def test_each_rank_gets_one_blas_thread_unless_the_learner_set_it(tmp_path, monk
 
 def test_check_tally_says_the_counts_and_the_exit_status():
     """Failures or runs not made exit 1; otherwise anything blocked exits 4; all passed (or not graded) 0."""
-    from common.runner import checking
-    how = checking.CheckPlan()
+    from common.runner import check_command
+    how = check_command.CheckPlan()
 
     def cases(*verdicts):
         return [(None, 2, "mpi4py", None, v, []) for v in verdicts]
-    assert checking.tally(how, cases("pass", "not graded")) == ("1 passed, 0 failed, 1 not graded", 0)
-    assert checking.tally(how, cases("pass", "blocked")) == ("1 passed, 0 failed, 1 blocked", 4)
-    assert checking.tally(how, cases("timeout", "blocked", "not run")) == (
+    assert check_command.tally(how, cases("pass", "not graded")) == ("1 passed, 0 failed, 1 not graded", 0)
+    assert check_command.tally(how, cases("pass", "blocked")) == ("1 passed, 0 failed, 1 blocked", 4)
+    assert check_command.tally(how, cases("timeout", "blocked", "not run")) == (
         "0 passed, 1 failed, 1 blocked, 1 not run", 1)
-    assert checking.tally(how, cases("pass", "not run"))[1] == 1
-    assert checking.tally(checking.CheckPlan(unwritten=["05: nothing written"]), cases("pass"))[1] == 1
+    assert check_command.tally(how, cases("pass", "not run"))[1] == 1
+    assert check_command.tally(check_command.CheckPlan(unwritten=["05: nothing written"]), cases("pass"))[1] == 1
 
 
 def test_the_still_running_line_tells_starting_and_working_from_stuck(tmp_path):

@@ -14,7 +14,7 @@ $TUTOR_RUN_DIR; it removes the folder when the run is over. What lies in it:
   blocked            why the lesson refused: what it needs is missing here (bootstrap's ctx.fail)
   refused            rank 0's one line on bad flags, which the other ranks wait for (bootstrap)
   wrong-world        a process found itself in the wrong world (world.confirm): the run is a crash
-  ran-NAME           a practice copy's region NAME ran (grading's recorder line)
+  ran-NAME           a practice copy's region NAME ran (practice_grading's recorder line)
   sanitize-cycle-K-rankR   rank R saw the K-th deadlock cycle of the sanitized streams (sanitize)
   tmp/               $TMPDIR of the launcher and the ranks, removed with the folder
   mine/              the practice copy that `check --mine` launches

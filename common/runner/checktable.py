@@ -10,14 +10,14 @@ never cut), and each value as what it stands for, within WIDTH columns; the resu
       neighbour, rank+1 mod N (highest           none, want 2          else -1
       destination)
 
-What a value stands for comes from the check (common/runner/expect.py): `of` (what a list's items
+What a value stands for comes from the check (common/runner/yaml_checks.py): `of` (what a list's items
 are), `rule` (the YAML's formula, when each item wants its own value) and `none` (a sentinel's word).
 """
 import re
 
 from common.report import table
-from common.runner.expect import MISSING, named
 from common.runner.terminal import alike, short
+from common.runner.yaml_checks import MISSING, named
 from common.text import WIDTH
 
 

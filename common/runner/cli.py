@@ -1,6 +1,6 @@
 """bin/tutor's commands (typer): list, run, check, hint, practice, solution, why, doctor, testbed,
 busbw. A command reads its flags, calls the module that does its work (run: run_command.py, check:
-checking.py, practice, hint and solution: practice.py), prints what that returns and exits with its
+check_command.py, practice, hint and solution: practice.py), prints what that returns and exits with its
 status. bin/tutor finds the Python the kit runs in, then hands over to `app`."""
 import difflib
 import os
@@ -13,11 +13,11 @@ import typer.core
 from common.report import table
 from common.runner import (
     catalog,
-    checking,
+    check_command,
     exercise,
-    files,
     flightwatch,
     mpi_launchers,
+    output_files,
     practice,
     preflight,
     run_command,
@@ -113,7 +113,7 @@ def run(ctx: typer.Context, lesson_id: str = typer.Argument(..., metavar="ID"),
                              ctx.meta.get("lesson_args", []), lambda text, err=False: typer.echo(text, err=err))
     except run_command.Ended as exc:
         die(exc.line, exc.rc)
-    except checking.Interrupted as exc:
+    except check_command.Interrupted as exc:
         interrupted(exc.lines, exc.rc)
     raise typer.Exit(rc)
 
@@ -155,7 +155,7 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
     if sanitize:  # the ranks read it (common/bootstrap.py); the runner's limits too (lesson_run.limit)
         os.environ["TUTOR_SANITIZE"] = "1"
     try:
-        how = checking.plan_runs(lessons, np, api, device, mine, force, junit)
+        how = check_command.plan_runs(lessons, np, api, device, mine, force, junit)
     except (exercise.PracticeError, preflight.UsageError, mpi_launchers.LaunchError) as exc:
         die(str(exc))
     except preflight.ScriptError as exc:
@@ -169,13 +169,13 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
             typer.echo(fit(f"note: {line}"))
     with progress(how.runs, "checking", lambda p: f"{p[0].name} np={p[1]} {p[2]}") as bar:
         try:
-            rows, cases, hung = checking.run_all(how, bar, lambda text: typer.echo(fit(text), err=True))
+            rows, cases, hung = check_command.run_all(how, bar, lambda text: typer.echo(fit(text), err=True))
         except (preflight.UsageError, mpi_launchers.LaunchError) as exc:
             die(str(exc))
-        except checking.Interrupted as exc:
+        except check_command.Interrupted as exc:
             interrupted(exc.lines, exc.rc)
     typer.echo(table(["lesson", "np", "api", "checks", "s", ""], rows))
-    for kind, head, why in checking.problems(cases):
+    for kind, head, why in check_command.problems(cases):
         typer.echo("\n" + fit(f"{kind} {head}:") + "".join("\n" + fit("  " + w, indent="    ") for w in why),
                    err=True)
     for name, where in hung.items():
@@ -186,18 +186,18 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
     unsaved = []  # files that could not be written once the runs were made: warnings after the tally
     if junit is not None:
         try:
-            files.write_junit(junit, cases)
-        except (files.FileError, OSError) as exc:
-            unsaved.append(str(exc) if isinstance(exc, files.FileError) else
+            output_files.write_junit(junit, cases)
+        except (output_files.FileError, OSError) as exc:
+            unsaved.append(str(exc) if isinstance(exc, output_files.FileError) else
                            f"--junit {junit}: could not write it: {exc.strerror}")
     try:
-        for line in checking.recorded(how, lessons, cases, full=np is None and api is None):
+        for line in check_command.recorded(how, lessons, cases, full=np is None and api is None):
             typer.echo(fit(line))
         for lesson in lessons if mine else []:  # what failed, for `bin/tutor hint` to start from
             practice.remember_failure(lesson, cases)
     except OSError as exc:
         unsaved.append(f"your progress could not be recorded: {exc.strerror}")
-    line, rc = checking.tally(how, cases)
+    line, rc = check_command.tally(how, cases)
     typer.echo(line)
     for warning in unsaved:
         typer.echo(fit(f"tutor: warning: {warning}"), err=True)

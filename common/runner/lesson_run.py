@@ -5,7 +5,7 @@ import re
 import shlex
 
 from common.plumbing import run_folder
-from common.runner import expect, flightwatch, grading, mpi_launchers, supervise
+from common.runner import flightwatch, mpi_launchers, practice_grading, supervise, yaml_checks
 from common.runner.catalog import ROOT
 from common.runner.diagnose import stuck, where
 from common.runner.preflight import check_extra
@@ -28,7 +28,7 @@ def limit(lesson, extra=()):
 
 
 def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, script=None, tick=None, splice=None):
-    """Launch one lesson (or `script`, or a practice grading.Splice); return (outcome, checks). checks is
+    """Launch one lesson (or `script`, or a practice_grading.Splice); return (outcome, checks). checks is
     None when there were no results."""
     extra = [str(a) for a in extra]
     check_extra(extra)
@@ -67,7 +67,7 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
     if lesson.meta.get("expects_death"):
         outcome.rc = expected_death(outcome)
     if launched:
-        grading.relabel(outcome, splice, launched[0])
+        practice_grading.relabel(outcome, splice, launched[0])
     if outcome.results and outcome.results.get("np", np) != np and not outcome.wrong_world:
         outcome.wrong_world = (f"wrong world: the results are of {outcome.results.get('np')} rank(s), "
                                f"{np} were started: mpi4py must be built for the launcher's MPI")
@@ -79,7 +79,7 @@ def run_lesson(lesson, np, api, device, extra=(), timeout=None, echo=True, scrip
         outcome.results = outcome.results or {"lesson": lesson.name, "np": np, "api": api, "device": device,
                                               "ranks": [], "params": outcome.planted.get("params", {})}
         outcome.results["diagnosis"] = outcome.diagnosis or {}
-    checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome.results else None
+    checks = yaml_checks.run_checks(lesson.meta["expect"], outcome.results) if outcome.results else None
     if not outcome.interrupted:  # `bin/tutor why` (a check's too): the diagnosis, the error output kept
         flightwatch.remember(f"{lesson.name} np={np} api={api}", status(outcome, checks), outcome)
     return outcome, checks

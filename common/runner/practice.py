@@ -4,7 +4,7 @@ import glob
 import os
 import re
 
-from common.runner import catalog, expect, files, grading
+from common.runner import catalog, output_files, practice_grading, yaml_checks
 from common.runner.catalog import ROOT
 from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
 from common.runner.progress import change, load_progress, progress_path, update
@@ -39,8 +39,8 @@ def write_copy(lesson, force=False):
         with open(path) as f:
             untouched = f.read() == stub
     try:  # the new copy is written first, then the old one kept aside: a full disk changes nothing
-        backup = files.replace_keeping(path, stub, keep=os.path.exists(path) and not untouched)
-    except files.FileError as exc:
+        backup = output_files.replace_keeping(path, stub, keep=os.path.exists(path) and not untouched)
+    except output_files.FileError as exc:
         raise PracticeError(str(exc)) from None
     update(lesson, state="in progress")
     return path, regions, backup
@@ -49,7 +49,7 @@ def write_copy(lesson, force=False):
 def require_writable(folder, variable):
     """PracticeError (one line, before anything is done) when `folder` cannot take files, naming it
     and the way out: the variable that puts that folder elsewhere."""
-    if not files.writable(folder):
+    if not output_files.writable(folder):
         raise PracticeError(f"{path_shown(folder)} is not writable: set {variable} to a folder of yours")
 
 
@@ -111,7 +111,7 @@ def last_failure(lesson):
 def remember_failure(lesson, cases):
     """After `check --mine`: keep what its first failed run of `lesson` failed (the checks' names, or
     the lines that say why it crashed or timed out), for `hint`; a check that passed them all forgets it.
-    cases: checking.run's (lesson, np, api, outcome, verdict, why)."""
+    cases: check_command.run's (lesson, np, api, outcome, verdict, why)."""
     mine = [c for c in cases if c[0] is lesson and c[4] in ("pass", "fail", "crash", "timeout", "usage")]
     bad = next((c for c in mine if c[4] != "pass"), None)
     if not mine:
@@ -119,7 +119,7 @@ def remember_failure(lesson, cases):
     if bad is None:
         return change(lesson, lambda entry: entry.pop("failed", None))
     _, n, api, outcome, verdict, why = bad
-    checks = expect.run_checks(lesson.meta["expect"], outcome.results) if outcome and outcome.results else []
+    checks = yaml_checks.run_checks(lesson.meta["expect"], outcome.results) if outcome and outcome.results else []
     what = [c["name"] for c in checks if not c["ok"]] or [verdict] + list(why)[:3]
     change(lesson, lambda entry: entry.update(failed={"where": f"np={n} api={api}", "what": what}))
 
@@ -180,21 +180,21 @@ def welcome(lesson, path, regions, backup):
 
 
 def splice_mine(lesson):
-    """How `check --mine` runs the learner's copy (common/runner/grading.py); PracticeError when no
+    """How `check --mine` runs the learner's copy (common/runner/practice_grading.py); PracticeError when no
     exercise has been written yet, so nothing is launched."""
     path = mine_or_fail(lesson)
     with open(lesson.path) as f:
         reference = f.read()
     with open(path) as f:
         mine = f.read()
-    return grading.splice(reference, mine, path, lesson.path, lesson.id)
+    return practice_grading.splice(reference, mine, path, lesson.path, lesson.id)
 
 
 def graded_verdict(splice, outcome, verdict, why):
     """(verdict, why) of one --mine run, said for what it graded: a run that passed without reaching
     any region the learner wrote graded nothing of theirs ('not graded')."""
     names = " and ".join(splice.mine)
-    ran = grading.reached(outcome, splice)
+    ran = practice_grading.reached(outcome, splice)
     if not ran:
         if verdict == "pass":
             return "not graded", [f"this run never reached your {names}, so its pass says nothing "
@@ -244,7 +244,7 @@ def after_run(lesson, verdict, np, api, device, mine, lesson_args):
     if not mine:
         try:
             update(lesson, run=verdict)
-        except (OSError, files.FileError):  # a read-only .tutor/: the list will not know, nothing else
+        except (OSError, output_files.FileError):  # a read-only .tutor/: the list will not know, nothing else
             pass
     if verdict == "pass":
         return catalog.takeaway_lines(lesson)

@@ -8,7 +8,7 @@ import tempfile
 
 from common import flight, timing
 from common.plumbing import devices, guard
-from common.runner import files, mpi_launchers, schema, stop_signals
+from common.runner import mpi_launchers, output_files, schema, stop_signals
 from common.runner.terminal import path_shown
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
@@ -102,15 +102,15 @@ def check_script(path):
 
 def check_json_target(path):
     try:
-        files.check_target(path, "--json", "results JSON", guard.is_results_json)
-    except files.FileError as exc:
+        output_files.check_target(path, "--json", "results JSON", guard.is_results_json)
+    except output_files.FileError as exc:
         raise UsageError(str(exc)) from None
 
 
 def check_junit_target(path):
     try:
-        files.check_target(path, "--junit", "JUnit report", guard.is_junit)
-    except files.FileError as exc:
+        output_files.check_target(path, "--junit", "JUnit report", guard.is_junit)
+    except output_files.FileError as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 
 from common.report import atomic_write
-from common.runner import files
+from common.runner import output_files
 from common.runner.catalog import ROOT
 from common.runner.exercise import PracticeError
 from common.runner.terminal import fit, path_shown
@@ -27,7 +27,7 @@ def progress_path():
 def load_progress():
     """Everyone's progress; a damaged file is moved aside (with a warning) and reads as a fresh start."""
     try:
-        with files.locked(progress_path()):
+        with output_files.locked(progress_path()):
             return _read_progress()
     except OSError:  # no lock to be had (a read-only install): read what is there, change nothing
         return _read_progress(keep_aside=False)
@@ -46,8 +46,8 @@ def _read_progress(keep_aside=True):
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or ("not JSON" if isinstance(exc, ValueError) else str(exc))
     try:
-        aside = files.keep_aside(path, ".damaged") if keep_aside else None
-    except (OSError, files.FileError):
+        aside = output_files.keep_aside(path, ".damaged") if keep_aside else None
+    except (OSError, output_files.FileError):
         aside = None
     print(fit(f"tutor: warning: {path_shown(path)} is damaged ({why}): "
               + (f"kept as {os.path.basename(aside)} beside it; starting afresh" if aside else "starting afresh")),
@@ -69,7 +69,7 @@ def change(lesson, how):
     """Apply how(entry) to this lesson's progress entry, atomically under the lock; return the entry.
     Unsaved (one line) when it cannot be written; the file is then as it was."""
     try:
-        with files.locked(progress_path()):
+        with output_files.locked(progress_path()):
             data = _read_progress()
             entry = data.setdefault(lesson.name, {})
             how(entry)

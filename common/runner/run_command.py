@@ -1,12 +1,12 @@
 """`bin/tutor run`: one lesson (or, with --mine, the learner's copy) checked before anything is
 launched, launched, its checks and verdict said, and its results JSON kept (--json). bin/tutor only
 reads the flags, prints what this says and exits with what it returns, as `check` does with
-common/runner/checking.py."""
+common/runner/check_command.py."""
 import json
 
 from common.plumbing import guard
-from common.runner import checktable, exercise, files, lesson_run, mpi_launchers, practice, preflight, verdict
-from common.runner.checking import Interrupted
+from common.runner import checktable, exercise, lesson_run, mpi_launchers, output_files, practice, preflight, verdict
+from common.runner.check_command import Interrupted
 from common.runner.terminal import fit
 
 
@@ -22,7 +22,7 @@ class Ended(Exception):
 def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_args, echo):
     """Run `lesson` as `bin/tutor run` does; return the exit status. `args` are the words typer did not
     take (the lesson's flags), `lesson_args` those after `--`; echo(text, err=False) prints one line.
-    Raises Ended (one line, said before any launch or instead of one) or checking.Interrupted."""
+    Raises Ended (one line, said before any launch or instead of one) or check_command.Interrupted."""
     try:
         script = practice.mine_or_fail(lesson) if mine else None
         if preflight.wants_help(args):  # your copy takes the lesson's flags: its help is theirs
@@ -32,11 +32,11 @@ def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_a
         preflight.check_request(lesson, n, api, device)
         preflight.parse_timeout(timeout)
         preflight.check_extra(args)
-        extra = files.lesson_outputs(args)  # vetted and made absolute: the ranks run in the root
+        extra = output_files.lesson_outputs(args)  # vetted and made absolute: the ranks run in the root
         if json_path is not None:
             preflight.check_json_target(json_path)
         splice = practice.splice_mine(lesson) if mine else None  # as `check --mine` grades it
-    except (preflight.UsageError, mpi_launchers.LaunchError, files.FileError, exercise.PracticeError) as exc:
+    except (preflight.UsageError, mpi_launchers.LaunchError, output_files.FileError, exercise.PracticeError) as exc:
         raise Ended(str(exc)) from None
     try:
         preflight.check_script(script or lesson.path)
@@ -97,8 +97,8 @@ def keep_results(path, lesson, np, api, device, results, checks, status, why, di
         doc["diagnosis"] = diagnosis
     text = json.dumps(doc, indent=1) + "\n"
     try:
-        files.write_new(path, text, "--json", "results JSON", guard.is_results_json)
-    except files.FileError as exc:
+        output_files.write_new(path, text, "--json", "results JSON", guard.is_results_json)
+    except output_files.FileError as exc:
         raise preflight.UsageError(str(exc)) from None
     except OSError as exc:
         raise preflight.UsageError(f"--json {path}: could not write it: {exc.strerror}") from None

@@ -14,13 +14,13 @@ import math
 import os
 import re
 
-from common.runner import expect, expr
+from common.runner import expr, yaml_checks
 from common.runner.terminal import path_shown
 
 KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint", "view", "takeaway",
         "expects_death"}  # expects_death: a rank dies on purpose; the runner grades the survivors (lesson 18)
 NP_KEYS = {"default", "min", "max", "check"}
-CHECK_KEYS = {"name", "value", "rtol", "atol", "when", "none"} | set(expect.OPS)
+CHECK_KEYS = {"name", "value", "rtol", "atol", "when", "none"} | set(yaml_checks.OPS)
 ALWAYS = {"np", "api", "device", "transport", "rank"}   # `rank`: every ranks[*] item has it (GUIDE §2)
 TAKEAWAY_COLUMNS = 96                                    # printed after "  - ": 100 columns
 MAX_TIMEOUT_S = 86400                                    # one day: the watchdog's longest deadline
@@ -118,8 +118,8 @@ def _check(item, where, known):
     for key in item:
         if key not in CHECK_KEYS:
             where.fail(key, f"a check takes only {sorted(CHECK_KEYS)}, not {key!r}")
-    if "name" not in item or "value" not in item or sum(op in item for op in expect.OPS) != 1:
-        where.fail(None, f"a check needs name, value and one of {list(expect.OPS)}")
+    if "name" not in item or "value" not in item or sum(op in item for op in yaml_checks.OPS) != 1:
+        where.fail(None, f"a check needs name, value and one of {list(yaml_checks.OPS)}")
     if not isinstance(item["name"], str) or not item["name"].strip():
         where.fail("name", "a check's name must be text")
     if not isinstance(item["value"], str) or not PATH.match(item["value"]):
@@ -131,7 +131,7 @@ def _check(item, where, known):
     none = item.get("none", 0)  # the value that means "none" (a rank sent to no one: -1), shown as that word
     if isinstance(none, bool) or not isinstance(none, (int, float, str)):
         where.fail("none", f"none must be the one value that means none, e.g. -1, got {none!r}")
-    for key in [*expect.OPS, "when"]:
+    for key in [*yaml_checks.OPS, "when"]:
         if isinstance(item.get(key), str):
             try:
                 unknown = sorted(n for n in expr.names_used(item[key]) if not known.has(n))

@@ -62,7 +62,7 @@ class Outcome:
     launcher: tuple = None                       # (pid, signal) when mpiexec itself was killed
     bad_results: str = None                      # why the results file could not be read
     blocked: str = None                          # why the lesson refused: what it needs is missing here
-    ran: set = field(default_factory=set)        # exercise regions a practice run reached (grading.py)
+    ran: set = field(default_factory=set)        # exercise regions a practice run reached (practice_grading.py)
     wrong_world: str = None                      # the ranks were not -n ranks in one world (common/plumbing/world.py)
     diagnosis: dict = None                       # the first divergence of the ranks' flight records
     planted: dict = None                         # the fault a lesson planted on purpose (lesson 14)

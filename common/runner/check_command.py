@@ -20,7 +20,7 @@ class Interrupted(Exception):
 @dataclass
 class CheckPlan:
     runs: list = field(default_factory=list)        # (lesson, np, api, device, why blocked or None)
-    graded: dict = field(default_factory=dict)      # --mine: lesson name -> grading.Splice
+    graded: dict = field(default_factory=dict)      # --mine: lesson name -> practice_grading.Splice
     scripts: dict = field(default_factory=dict)     # --mine: lesson name -> the learner's copy
     unwritten: list = field(default_factory=list)   # --mine: lessons with no exercise written yet
 
