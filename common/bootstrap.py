@@ -10,13 +10,13 @@ import argparse
 import os
 import socket
 import sys
-import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
 
 from common import flight
 from common.plumbing import devices, network, run_folder, teardown, watchdog, world
+from common.text import wrapped
 
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -176,8 +176,7 @@ def start(file, parser, argv=None, uses_torch=False, outputs=None):
         ctx.fail(error, blocked=True)
     ctx.device, ctx.why = device, reason
     if args.device == "auto" and device == "cpu" and comm.allreduce(seen, op=MPI.MAX) and ctx.rank == 0:
-        print(textwrap.fill(f"note: GPUs were seen, but --device auto runs this on the CPU: {why}", 100,
-                            subsequent_indent="  "), flush=True)
+        print(wrapped(f"note: GPUs were seen, but --device auto runs this on the CPU: {why}"), flush=True)
     ctx.transport = devices.TRANSPORT[(args.api, device)]
     check = None
     if args.debug_collectives:  # collective: every rank duplicates the world for the fingerprints

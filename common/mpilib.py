@@ -15,7 +15,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from common.text import WIDTH
+from common.text import one_line
 
 
 @dataclass(frozen=True)
@@ -30,22 +30,16 @@ class Library:
         return int(head) if head.isdigit() else None
 
 
-def clean(text, width=WIDTH):
-    """One line of at most `width` columns: NULs and other control characters out, spaces collapsed."""
-    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return line if len(line) <= width else line[:width - 1] + "…"
-
-
 def parse(text):
     """A Library from Get_library_version()'s text (pure)."""
-    first = clean((text.replace("\0", "").strip().splitlines() or [""])[0], width=10 ** 6)
+    first = one_line((text.replace("\0", "").strip().splitlines() or [""])[0], width=10 ** 6)
     mpich = re.match(r"MPICH Version:\s*(\S+)", first)
     if mpich:
         return Library("mpich", f"MPICH {mpich[1]}", mpich[1])
     ompi = re.match(r"Open MPI v(\d[\w.]*)", first)
     if ompi:
         return Library("openmpi", f"Open MPI {ompi[1]}", ompi[1])
-    return Library("other", clean(first) or "an MPI library that does not name itself")
+    return Library("other", one_line(first) or "an MPI library that does not name itself")
 
 
 def current():

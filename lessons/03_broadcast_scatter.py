@@ -31,7 +31,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, buffers, report  # noqa: E402
+from common import bootstrap, buffers, report, text  # noqa: E402
 from common.shards import chunk_bounds  # noqa: E402
 from lessons.broadcast_scatter import show  # noqa: E402
 from lessons.broadcast_scatter.measure import PeakBytes, Wire, median_time  # noqa: E402
@@ -227,7 +227,7 @@ def section_broadcast(ctx, args):
     broadcast(ctx, buf_a, root)
     broadcast(ctx, buf_b, root2)
     got_a, got_b = buffers.to_host(buf_a), buffers.to_host(buf_b)
-    report.say(ctx, f"buffer a = {report.brief(got_a, SHOWN)}\nbuffer b = {report.brief(got_b, SHOWN)}")
+    report.say(ctx, f"buffer a = {text.brief(got_a, SHOWN)}\nbuffer b = {text.brief(got_b, SHOWN)}")
     want_a = TAG * root + np.arange(count)
     want_b = TAG * root2 + np.arange(count)
     assert np.array_equal(got_a, want_a) and np.array_equal(got_b, want_b), "a broadcast went wrong"
@@ -238,7 +238,7 @@ def section_scatter(ctx, args):
     """Section 2: an equal scatter, an uneven one, and a gather back; (equal piece, uneven piece, gathered)."""
     n, rank, root, count, c = ctx.world_size, ctx.rank, args.root, args.count, args.chunk
     report.section(ctx, f"2. scatter from rank {root}: {c} items each, then {count} unevenly "
-                   f"({report.brief(shard_sizes(count, n)[0], SHOWN)}), gather them back")
+                   f"({text.brief(shard_sizes(count, n)[0], SHOWN)}), gather them back")
     full = np.arange(n * c, dtype=np.float64) if rank == root else None
     piece = buffers.empty(ctx, c, np.float64)
     scatter_equal(ctx, buffers.on_device(ctx, full) if rank == root else None, piece, root)
@@ -249,8 +249,8 @@ def section_scatter(ctx, args):
     back = gather_uneven(ctx, upiece, count, np.float64, root)
     upiece = buffers.to_host(upiece)
     lo, hi = chunk_bounds(count, n)[rank]
-    report.say(ctx, f"equal piece {report.brief(piece, SHOWN)}   "
-                    f"uneven piece {report.brief(upiece, SHOWN)} (items {lo}..{hi - 1})")
+    report.say(ctx, f"equal piece {text.brief(piece, SHOWN)}   "
+                    f"uneven piece {text.brief(upiece, SHOWN)} (items {lo}..{hi - 1})")
     assert np.array_equal(piece, np.arange(rank * c, (rank + 1) * c)), "equal scatter: wrong piece"
     assert np.array_equal(upiece, np.arange(lo, hi)), (
         f"uneven scatter: wrong piece: rank {rank} got {upiece.size} items {upiece[:3]}..., want items "
@@ -258,7 +258,7 @@ def section_scatter(ctx, args):
         "where the one before ended")
     gathered = buffers.to_host(back) if rank == root else np.zeros(0)
     if rank == root:
-        report_line = f"gathered back on rank {root}: {report.brief(gathered, SHOWN)}"
+        report_line = f"gathered back on rank {root}: {text.brief(gathered, SHOWN)}"
         assert np.array_equal(gathered, np.arange(count)), "gather did not invert the scatter"
     else:
         report_line = "sent my piece to the root, hold nothing gathered"

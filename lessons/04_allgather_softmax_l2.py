@@ -32,7 +32,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
-from common import bootstrap, buffers, report  # noqa: E402
+from common import bootstrap, buffers, report, text  # noqa: E402
 from common.shards import chunk_bounds  # noqa: E402
 from lessons.allgather_softmax_l2 import show  # noqa: E402
 
@@ -201,14 +201,14 @@ def section_gather(ctx):
     everyone = allgather(ctx, piece)
     from_root = broadcast(ctx, piece)  # only rank 0's piece travels
     on_root = gather(ctx, piece)       # every piece, but only rank 0 holds them
-    gathered = report.brief(on_root, SHOWN) if rank == 0 else "(nothing: not the root)"
+    gathered = text.brief(on_root, SHOWN) if rank == 0 else "(nothing: not the root)"
     # one line per result: say prints a line every rank holds alike once, as [all ranks]
-    report.say(ctx, f"mine {report.brief(piece, SHOWN)}\nall-gather {report.brief(everyone, SHOWN)}\n"
-                    f"broadcast {report.brief(from_root, SHOWN)}\ngather {gathered}")
+    report.say(ctx, f"mine {text.brief(piece, SHOWN)}\nall-gather {text.brief(everyone, SHOWN)}\n"
+                    f"broadcast {text.brief(from_root, SHOWN)}\ngather {gathered}")
     lo, hi = chunk_bounds(COUNT, n)[rank]
     uneven = allgather_uneven(ctx, np.arange(lo, hi, dtype=np.float64))
     report.say(ctx, f"uneven: my {hi - lo} items {lo}..{hi - 1}\n"
-                    f"uneven, all-gathered {report.brief(uneven, SHOWN)}")
+                    f"uneven, all-gathered {text.brief(uneven, SHOWN)}")
     assert np.array_equal(everyone, np.arange(n * PIECE)), "all-gather: wrong pieces or order"
     assert np.array_equal(uneven, np.arange(COUNT)), "uneven all-gather: wrong pieces or order"
     return everyone, from_root, on_root, uneven

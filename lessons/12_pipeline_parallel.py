@@ -34,7 +34,7 @@ import weakref
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, buffers, counting, p2p, report, shards, timing, tolerance  # noqa: E402
+from common import bootstrap, buffers, counting, p2p, report, shards, text, timing, tolerance  # noqa: E402
 from lessons.pipeline_parallel import budget, show, torch_pipelining  # noqa: E402
 from lessons.pipeline_parallel.schedules import ScheduleError, plan  # noqa: E402
 
@@ -309,7 +309,7 @@ def torch_section(ctx, stage, dims, flats, host, x, t, m, batch):
         got.append({"schedule": name, "torch_vs_ref": max(ratios(loss, grads, ref).values())})
     every = ctx.comm.gather((ctx.rank, *(f"{g['torch_vs_ref']:.2g}" for g in got)), root=0)
     if ctx.rank == 0:
-        show.torch(ctx, report.once(every), names, m, rows, batch)
+        show.torch(ctx, text.once(every), names, m, rows, batch)
     return got
 
 

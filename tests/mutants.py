@@ -30,6 +30,7 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
 from common.runner import catalog, exercise, lesson_run, preflight, verdict  # noqa: E402
+from common.text import one_line  # noqa: E402
 
 SWAPS = {ast.FloorDiv: ("//", "%"), ast.Mod: ("%", "//"), ast.Add: ("+", "-"), ast.Sub: ("-", "+")}
 FLIPS = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
@@ -58,12 +59,7 @@ class Mutant:
 
     def said(self, width):
         """The edit in at most width characters: in its expression when that fits, else alone."""
-        return _cut(self.shown if len(self.shown) <= width else f"{self.old} -> {self.new}", width)
-
-
-def _cut(text, width):
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[:width - 1] + "…"
+        return one_line(self.shown if len(self.shown) <= width else f"{self.old} -> {self.new}", width)
 
 
 def _wrapped(node, text):
@@ -399,8 +395,8 @@ def _said(rows, every):
            f"(of {len(every)} mutants, {len(rows)} graded)")
     for r in alive:
         yield f"survived {r['id']} {r['region']}:{r['line']} ({r['kind']}): an equivalent program, or a check missing?"
-        yield "  - " + _cut(r["old_line"].strip(), 94)
-        yield "  + " + _cut(r["new_line"].strip(), 94)
+        yield "  - " + one_line(r["old_line"].strip(), 94)
+        yield "  + " + one_line(r["new_line"].strip(), 94)
 
 
 def main(argv=None):
@@ -422,7 +418,7 @@ def main(argv=None):
           f"at np={','.join(map(str, nps))} api={a.api}")
     if a.list:
         for m in chosen:
-            print(f"{m.id}  {_cut(f'{m.region}:{m.line}', 22):<22} {m.kind:<7} {m.said(66)}")
+            print(f"{m.id}  {one_line(f'{m.region}:{m.line}', 22):<22} {m.kind:<7} {m.said(66)}")
         return 0
     rows, rc = [], 0
     doc = {"lesson": lesson.name, "api": a.api, "np": nps, "sample": a.sample, "seed": a.seed,
@@ -431,7 +427,7 @@ def main(argv=None):
         base = grade(lesson, source, next(iter(regions.values())), None, nps, a.api,
                      a.timeout or lesson.meta["timeout_s"])
         if base["verdict"] != "survived":
-            print(f"mutants: the unmutated lesson does not pass ({base['status']}: {_cut(base['why'], 60)}); "
+            print(f"mutants: the unmutated lesson does not pass ({base['status']}: {one_line(base['why'], 60)}); "
                   "nothing to grade", file=sys.stderr)
             return 1
         doc["timeout_s"] = timeout = a.timeout or min(lesson.meta["timeout_s"], max(20.0, 5 * base["seconds"]))
@@ -448,8 +444,8 @@ def main(argv=None):
             at = "" if got.get("np") in (None, nps[0]) and got.get("api", a.api) == a.api else \
                 f" np={got['np']} {got.get('api', a.api)}"
             why = f"{got['status']}{at}: {got['why']}"
-            print(f"{m.id}  {_cut(f'{m.region}:{m.line}', 22):<22} {m.said(40):<40} {got['verdict']:<8} "
-                  f"{_cut(why, 21) if got['verdict'] == 'killed' else ''}".rstrip(), flush=True)
+            print(f"{m.id}  {one_line(f'{m.region}:{m.line}', 22):<22} {m.said(40):<40} {got['verdict']:<8} "
+                  f"{one_line(why, 21) if got['verdict'] == 'killed' else ''}".rstrip(), flush=True)
             if a.json:
                 _keep(a.json, doc)
         doc["done"] = True

@@ -6,7 +6,7 @@ import gc
 import numpy as np
 import pytest
 
-from common import bootstrap, report
+from common import bootstrap, text
 
 ten = bootstrap.lesson_module("10")  # importing a lesson starts no MPI
 
@@ -80,6 +80,6 @@ def test_bad_sizes_are_refused_in_one_line():
 
 
 def test_rows_equal_on_consecutive_ranks_print_once():
-    assert report.once([(0, 1.0), (1, 1.0)]) == [("all", 1.0)]
-    assert report.once([(0, 1, "a"), (1, 1, "a"), (2, 1, "a"), (3, 2, "b")]) == [("0-2", 1, "a"), (3, 2, "b")]
-    assert report.once([(0, 1), (1, 2), (2, 1)]) == [(0, 1), (1, 2), (2, 1)]  # only neighbours merge
+    assert text.once([(0, 1.0), (1, 1.0)]) == [("all", 1.0)]
+    assert text.once([(0, 1, "a"), (1, 1, "a"), (2, 1, "a"), (3, 2, "b")]) == [("0-2", 1, "a"), (3, 2, "b")]
+    assert text.once([(0, 1), (1, 2), (2, 1)]) == [(0, 1), (1, 2), (2, 1)]  # only neighbours merge

@@ -48,7 +48,7 @@ def in_namespace(script, env=None, timeout=180):
 
 
 def shown(path):
-    """`path` as the kit shows it from ROOT, where in_namespace runs it (common/runner/terminal.path_shown):
+    """`path` as the kit shows it from ROOT, where in_namespace runs it (common/text.path_shown):
     relative where that is shorter, as for a checkout beside pytest's folders in /tmp."""
     rel = os.path.relpath(path, ROOT)
     return rel if len(rel) <= len(str(path)) else str(path)

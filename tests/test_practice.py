@@ -14,7 +14,7 @@ import pytest
 
 from common.plumbing import run_folder
 from common.runner import catalog, exercise, lesson_run, practice, practice_grading, progress, supervise, verdict
-from common.runner.terminal import path_shown
+from common.text import path_shown
 from conftest import FIXTURES, ROOT, torch_marks, tutor
 
 PRACTICE_FIXTURES = os.path.join(FIXTURES, "exercise_lessons")  # .gitignore hides "practice/"

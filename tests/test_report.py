@@ -1,11 +1,11 @@
-"""report.merge / rank_tag / brief (what say prints) and tests/readable.problems (what a test holds
-every run's output to): pure functions, no MPI."""
+"""common/text.py's merge / rank_tag / brief / per_rank (what report.say and the lessons' tables print)
+and tests/readable.problems (what a test holds every run's output to): pure functions, no MPI."""
 import random
 import re
 
 import pytest
 
-from common import report
+from common import text
 from readable import columns, problems
 
 
@@ -24,13 +24,13 @@ def owned(lines, n):
 
 
 def test_text_alike_on_every_rank_prints_once():
-    assert report.merge(["sum 6"] * 4) == ["[all ranks] sum 6"]
-    assert report.merge(["a\nb"] * 3) == ["[all ranks] a", "[all ranks] b"]
+    assert text.merge(["sum 6"] * 4) == ["[all ranks] sum 6"]
+    assert text.merge(["a\nb"] * 3) == ["[all ranks] a", "[all ranks] b"]
 
 
 def test_only_the_lines_that_differ_print_per_rank_and_equal_ones_are_grouped():
     texts = ["head\nx0\ntail", "head\nx1\ntail", "head\nx1\ntail", "head\nx3\ntail"]
-    assert report.merge(texts) == [
+    assert text.merge(texts) == [
         "[all ranks]   head",
         "[rank 0/4]    x0",
         "[ranks 1-2/4] x1",
@@ -41,25 +41,41 @@ def test_only_the_lines_that_differ_print_per_rank_and_equal_ones_are_grouped():
 
 def test_a_rank_with_more_to_say_keeps_its_lines_together_and_in_order():
     texts = ["gathered [0, 1, 2]\nfrom 3 ranks", "sent my piece", "sent my piece"]
-    assert report.merge(texts) == ["[rank 0/3]    gathered [0, 1, 2]", "[rank 0/3]    from 3 ranks",
+    assert text.merge(texts) == ["[rank 0/3]    gathered [0, 1, 2]", "[rank 0/3]    from 3 ranks",
                                    "[ranks 1-2/3] sent my piece"]
     texts = ["blocked 1\n  announced: True", "blocked 2\n  announced: True"]
-    assert report.merge(texts) == ["[rank 0/2]  blocked 1", "[rank 1/2]  blocked 2",
+    assert text.merge(texts) == ["[rank 0/2]  blocked 1", "[rank 1/2]  blocked 2",
                                    "[all ranks]   announced: True"]
 
 
 def test_one_rank_is_named_and_blank_lines_survive():
-    assert report.merge(["only"]) == ["[rank 0/1] only"]
-    assert report.merge(["a\n\nb", "a\n\nc"]) == ["[all ranks] a", "[all ranks]", "[rank 0/2]  b",
+    assert text.merge(["only"]) == ["[rank 0/1] only"]
+    assert text.merge(["a\n\nb", "a\n\nc"]) == ["[all ranks] a", "[all ranks]", "[rank 0/2]  b",
                                                   "[rank 1/2]  c"]
-    assert report.merge(["", ""]) == ["[all ranks]"]
+    assert text.merge(["", ""]) == ["[all ranks]"]
 
 
 @pytest.mark.parametrize("ranks, n, tag", [
     ([0, 1, 2, 3], 4, "[all ranks]"), ([2], 4, "[rank 2/4]"), ([1, 2, 3], 4, "[ranks 1-3/4]"),
     ([0, 2], 4, "[ranks 0,2/4]"), ([0, 2, 3, 5], 8, "[ranks 0,2-3,5/8]"), ([0], 1, "[rank 0/1]")])
 def test_rank_tags(ranks, n, tag):
-    assert report.rank_tag(ranks, n) == tag
+    assert text.rank_tag(ranks, n) == tag
+
+
+def test_the_runner_and_the_lessons_name_ranks_from_the_same_spans():
+    assert text.ranks_of([2]) == "rank 2" and text.ranks_of([3, 0, 1, 2]) == "ranks 0-3"
+    assert text.ranks_of([0, 2, 5, 6, 7]) == "ranks 0, 2, 5-7" and text.spans([0, 2, 3, 5], ",") == "0,2-3,5"
+    assert text.by_message({2: "b", 0: "a", 1: "b"}) == [([0], "a"), ([1, 2], "b")]
+
+
+def test_fit_wraps_a_long_line_under_itself_and_one_line_cuts():
+    assert text.fit("short") == "short"
+    long = "  " + " ".join(["word"] * 30) + " /a/path/" + "x" * 120
+    lines = text.fit(long).splitlines()
+    assert lines[0].startswith("  word") and all(line.startswith("    ") for line in lines[1:])
+    assert lines[-1].strip() == "/a/path/" + "x" * 120  # a word longer than a line stays whole
+    assert text.one_line("MPICH\0 Version:\t5.0\n  more") == "MPICH Version: 5.0 more"
+    assert text.one_line("y" * 120) == "y" * 99 + "…"
 
 
 def test_merge_loses_no_line_and_says_nothing_twice():
@@ -76,7 +92,7 @@ def test_merge_loses_no_line_and_says_nothing_twice():
             for _ in range(rng.randint(0, 3)):
                 mine.insert(rng.randint(0, len(mine)), rng.choice(vocabulary + [f"rank {r} only"]))
             texts.append("\n".join(mine))
-        merged = report.merge(texts)
+        merged = text.merge(texts)
         assert owned(merged, n) == [t.splitlines() or [""] for t in texts], (texts, merged)
         assert len(merged) <= sum(len(t.splitlines() or [""]) for t in texts)
         if n > 1 and len(set(texts)) == 1:
@@ -85,11 +101,11 @@ def test_merge_loses_no_line_and_says_nothing_twice():
 
 def test_brief_keeps_short_lists_whole_and_counts_long_ones():
     np = pytest.importorskip("numpy")
-    assert report.brief(np.arange(3.0)) == "[0, 1, 2]"
-    assert report.brief([0.5, 2]) == "[0.5, 2]"
-    assert report.brief(range(20)) == "[0, 1, 2, ..., 19] (20 values)"
-    assert report.brief(np.arange(12), 12) == "[" + ", ".join(map(str, range(12))) + "]"
-    assert report.brief([]) == "[]"
+    assert text.brief(np.arange(3.0)) == "[0, 1, 2]"
+    assert text.brief([0.5, 2]) == "[0.5, 2]"
+    assert text.brief(range(20)) == "[0, 1, 2, ..., 19] (20 values)"
+    assert text.brief(np.arange(12), 12) == "[" + ", ".join(map(str, range(12))) + "]"
+    assert text.brief([]) == "[]"
 
 
 # tests/readable.py
@@ -105,17 +121,17 @@ OLD_SAY = """== 2. all-reduce (SUM) of the rank ids: every rank should get N(N-1
 def test_a_line_every_rank_prints_for_itself_is_a_problem_and_merge_fixes_it():
     found = problems(OLD_SAY, 4)
     assert len(found) == 1 and "all 4 ranks say 'sum of ranks = 6" in found[0], found
-    merged = "\n".join(report.merge(["sum of ranks = 6   (formula 4*3/2 = 6)"] * 4))
+    merged = "\n".join(text.merge(["sum of ranks = 6   (formula 4*3/2 = 6)"] * 4))
     assert problems(merged, 4) == []
     groups = "[ranks 0-1/4] done\n[ranks 2-3/4] done\n"  # all ranks again, two groups at a time
     assert len(problems(groups, 4)) == 1
 
 
 def test_untagged_lines_printed_by_every_rank_are_a_problem():
-    text = "hello from a rank\n" * 3
-    found = problems(text, 3)
+    said = "hello from a rank\n" * 3
+    found = problems(said, 3)
     assert found == ["line 1: 'hello from a rank' printed 3 times (lines 1, 2, 3) by 3 ranks: say it once"]
-    assert problems(text, 4) == []  # fewer than N copies is not N ranks speaking
+    assert problems(said, 4) == []  # fewer than N copies is not N ranks speaking
     assert problems("[all ranks] x\n[all ranks] x\n", 2) != []  # the same shared line said twice
 
 
@@ -140,11 +156,11 @@ def test_width_is_counted_in_terminal_columns():
 
 
 def test_every_problem_names_its_line():
-    text = OLD_SAY + "w" * 120 + "\n" + "again\n" * 4
-    found = problems(text, 4)
+    said = OLD_SAY + "w" * 120 + "\n" + "again\n" * 4
+    found = problems(said, 4)
     assert [int(re.match(r"line (\d+):", p).group(1)) for p in found] == [2, 6, 7]
 
 
 def test_per_rank_cells_shorten_past_four_ranks():
-    assert report.per_rank([3, 1, 2, 0]) == "3 1 2 0"
-    assert report.per_rank(range(7)) == "0 .. 6"
+    assert text.per_rank([3, 1, 2, 0]) == "3 1 2 0"
+    assert text.per_rank(range(7)) == "0 .. 6"

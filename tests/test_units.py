@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from common import bootstrap, report
+from common import bootstrap, report, text
 from common.plumbing import devices
 from common.runner import rank_processes
 from common.runner.catalog import ROOT
@@ -49,8 +49,7 @@ def test_nonneg_int():
 
 
 def test_table_aligns_numbers_right():
-    text = report.table(["name", "n"], [("a", 1), ("bbb", 100)])
-    lines = text.splitlines()
+    lines = text.table(["name", "n"], [("a", 1), ("bbb", 100)]).splitlines()
     assert lines[0].startswith("name") and lines[2].endswith("  1") and lines[3].endswith("100")
 
 
@@ -88,9 +87,9 @@ def test_parse_stack_main_thread_innermost_first():
 def test_the_command_shown_fits_100_columns_and_stays_one_shell_command():
     from common.runner import lesson_run
     cmd = [".venv/bin/mpiexec", "-n", "4", ".venv/bin/python", "-m", "mpi4py"] + ["lessons/x.py"] * 12
-    text = lesson_run.shown(cmd)
-    assert max(map(len, text.splitlines())) <= 100 and text.count("\n") >= 1
-    assert text.replace(" \\\n   ", "") == "$ " + " ".join(cmd)  # the shell reads it back as one line
+    shown = lesson_run.shown(cmd)
+    assert max(map(len, shown.splitlines())) <= 100 and shown.count("\n") >= 1
+    assert shown.replace(" \\\n   ", "") == "$ " + " ".join(cmd)  # the shell reads it back as one line
     assert lesson_run.shown(["a", "b"]) == "$ a b"
 
 

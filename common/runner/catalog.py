@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import yaml
 
 from common.runner import schema
-from common.runner.terminal import path_shown
+from common.text import path_shown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -15,10 +15,8 @@ are), `rule` (the YAML's formula, when each item wants its own value) and `none`
 """
 import re
 
-from common.report import table
-from common.runner.terminal import alike, short
 from common.runner.yaml_checks import MISSING, named
-from common.text import WIDTH
+from common.text import WIDTH, alike, short, table
 
 
 def checks_table(checks, width=WIDTH - 2):  # 2 spare: the mark (✓ is 3 bytes) is drawn wide by some terminals

@@ -10,7 +10,6 @@ from typing import List, Optional
 import typer
 import typer.core
 
-from common.report import table
 from common.runner import (
     catalog,
     check_command,
@@ -23,7 +22,7 @@ from common.runner import (
     run_command,
     verdict,
 )
-from common.runner.terminal import fit, progress
+from common.text import fit, table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown",  # a paragraph of --help is one paragraph, rewrapped
@@ -167,7 +166,7 @@ def check(lesson_ids: Optional[List[str]] = typer.Argument(None, metavar="[ID...
     for name, graded in how.graded.items():
         for line in graded.notes():
             typer.echo(fit(f"note: {line}"))
-    with progress(how.runs, "checking", lambda p: f"{p[0].name} np={p[1]} {p[2]}") as bar:
+    with check_command.progress_bar(how.runs, "checking", lambda p: f"{p[0].name} np={p[1]} {p[2]}") as bar:
         try:
             rows, cases, hung = check_command.run_all(how, bar, lambda text: typer.echo(fit(text), err=True))
         except (preflight.UsageError, mpi_launchers.LaunchError) as exc:

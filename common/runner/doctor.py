@@ -7,17 +7,17 @@ import platform
 import re
 import subprocess
 import sys
-import textwrap
 import time
 
 from common import mpilib, timing
 from common.plumbing import devices, driver
 from common.runner import mpi_launchers
+from common.text import wrapped
 
 
 def line(name, value):
     """One row, its value wrapped under itself so that no line passes 100 columns."""
-    print(textwrap.fill(f"  {name:<22} {value}", 100, subsequent_indent=" " * 25, break_on_hyphens=False))
+    print(wrapped(f"  {name:<22} {value}", hang=25))
 
 
 def probe(name, fn):

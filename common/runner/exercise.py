@@ -11,7 +11,7 @@ Pure functions on text and run outcomes; the files and progress are common/runne
 import re
 from dataclasses import dataclass
 
-from common.runner.terminal import path_shown, short
+from common.text import path_shown, short
 
 MARK = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>>>>|<<<) exercise: (?P<name>[A-Za-z0-9_]+)\s*$")
 UNDONE = re.compile(r"NotImplementedError: exercise (?P<name>[A-Za-z0-9_]+)\b.*?(?:\((?P<at>[^()]+:\d+)\))?$")

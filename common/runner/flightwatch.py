@@ -124,7 +124,7 @@ def ending(outcome):
     """How a planted fault's run ended, after the diagnosis: each rank's error to its first sentence
     (ranks that said the same, once), and how many lines of error output the run held back (MPI's
     error stack, tracebacks, the launcher's report), kept in errors_path(); [] when there is neither."""
-    from common.runner.terminal import by_message, path_shown, ranks_of
+    from common.text import by_message, path_shown, ranks_of
     held = getattr(outcome, "held", None) or {}
     count = sum(len(text.splitlines()) if isinstance(text, str) else len(text) for text in held.values())
     said = [f"{ranks_of(ranks)}: {error}" for ranks, error in
@@ -211,7 +211,7 @@ def _read_last(path):
 def recall(lesson=None):
     """The lines `bin/tutor why [ID]` prints, and its exit status (1 when there is nothing to show, or
     the record cannot be read: one line says so). With a lesson: that lesson's last run."""
-    from common.runner.terminal import path_shown
+    from common.text import path_shown
     path = last_path(lesson.name if lesson else None)
     try:
         last = _read_last(path)

@@ -9,8 +9,8 @@ from common.runner import flightwatch, mpi_launchers, practice_grading, supervis
 from common.runner.catalog import ROOT
 from common.runner.diagnose import stuck, where
 from common.runner.preflight import check_extra
-from common.runner.terminal import by_message, ranks_of
 from common.runner.verdict import expected_death, status
+from common.text import by_message, ranks_of
 
 SANITIZED_SLOWER = 3  # --sanitize (NCCL's order: a token each way per transfer) gets 3x the YAML's limit
 

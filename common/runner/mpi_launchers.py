@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from common import mpilib
 from common.runner.catalog import ROOT
+from common.text import one_line
 
 
 class LaunchError(RuntimeError):
@@ -78,13 +79,13 @@ def _identify(program):
         out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=20,
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
-        return Launcher("", "unknown", clean(f"{program} --version failed: {exc}"))
+        return Launcher("", "unknown", one_line(f"{program} --version failed: {exc}"))
     return identify_text(out.stdout + out.stderr)
 
 
 def identify_text(text):
     """A Launcher from what `--version` printed."""
-    first = clean(next((l for l in text.splitlines() if l.strip()), ""))
+    first = one_line(next((l for l in text.splitlines() if l.strip()), ""))
     ompi = re.search(r"\((?:Open MPI|OpenRTE)\) (\d+)\.(\d+)\S*", text)
     if "Intel(R) MPI" in text:
         return Launcher("intel", "Intel MPI", first)
@@ -99,12 +100,6 @@ def identify_text(text):
     if re.match(r"slurm(-wlm)? \d", first):
         return Launcher("srun", f"Slurm {first.split()[-1]} (srun: the MPI its PMI plugin serves)", first)
     return Launcher("", "unknown", first)
-
-
-def clean(text, width=100):
-    """A library's or launcher's version text as one printable line within `width` columns."""
-    line = " ".join(text.replace("\0", " ").split())
-    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def additions(launcher, argv, np, root=None, held=None, iface=None):
@@ -432,7 +427,7 @@ def plugin_loads(program, plugin):
     if "can not load PMIx library" in reason:
         return f"srun --mpi={plugin}: Slurm finds no libpmix.so (Debian: apt-get install libpmix-dev)"
     head = f"srun --mpi={plugin}: Slurm's {plugin} plugin does not load ("
-    return head + clean(reason, 84 - len(head) - 1) + ")"  # 100 columns after "tutor: blocked: "
+    return head + one_line(reason, 84 - len(head) - 1) + ")"  # 100 columns after "tutor: blocked: "
 
 
 def library_family(text):

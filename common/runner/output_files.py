@@ -19,7 +19,7 @@ from common import plot
 from common.plumbing import guard
 from common.plumbing.guard import JUNIT_HEAD
 from common.runner.exercise import PracticeError
-from common.runner.terminal import path_shown
+from common.text import path_shown
 
 KINDS = {"--json": "results JSON", "--junit": "JUnit report"}
 OUTPUTS = {"--csv": "CSV", "--plot": "PNG", "--trace-png": "PNG"}   # the lessons' own output flags

@@ -8,7 +8,7 @@ from common.runner import catalog, output_files, practice_grading, yaml_checks
 from common.runner.catalog import ROOT
 from common.runner.exercise import MARK, PracticeError, find_regions, make_stub
 from common.runner.progress import change, load_progress, progress_path, update
-from common.runner.terminal import fit, path_shown
+from common.text import fit, path_shown
 
 
 def practice_dir():

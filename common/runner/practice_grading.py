@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from common.plumbing import run_folder
 from common.runner.catalog import ROOT
 from common.runner.exercise import PracticeError, find_regions, stub_body
-from common.runner.terminal import path_shown
+from common.text import path_shown
 
 
 def recorder(indent, name):

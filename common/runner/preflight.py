@@ -9,7 +9,7 @@ import tempfile
 from common import flight, timing
 from common.plumbing import devices, guard
 from common.runner import mpi_launchers, output_files, schema, stop_signals
-from common.runner.terminal import path_shown
+from common.text import path_shown
 
 RUNNER_FLAGS = ("--api", "--device", "--json")  # the lesson's flags the runner sets itself
 

@@ -14,7 +14,7 @@ from common.report import atomic_write
 from common.runner import output_files
 from common.runner.catalog import ROOT
 from common.runner.exercise import PracticeError
-from common.runner.terminal import fit, path_shown
+from common.text import fit, path_shown
 
 
 def progress_path():

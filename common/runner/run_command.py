@@ -7,7 +7,7 @@ import json
 from common.plumbing import guard
 from common.runner import checktable, exercise, lesson_run, mpi_launchers, output_files, practice, preflight, verdict
 from common.runner.check_command import Interrupted
-from common.runner.terminal import fit
+from common.text import fit
 
 
 class Ended(Exception):

@@ -15,7 +15,7 @@ import os
 import re
 
 from common.runner import expr, yaml_checks
-from common.runner.terminal import path_shown
+from common.text import path_shown
 
 KEYS = {"title", "concept", "np", "apis", "devices", "timeout_s", "args", "expect", "hint", "view", "takeaway",
         "expects_death"}  # expects_death: a rank dies on purpose; the runner grades the survivors (lesson 18)

@@ -6,8 +6,7 @@ import signal
 
 from common.runner import flightwatch, rank_processes
 from common.runner.checktable import got_cell, want_cell
-from common.runner.terminal import by_message, path_shown, ranks_of, short
-from common.text import WIDTH
+from common.text import WIDTH, by_message, path_shown, ranks_of, short
 
 # One status per run, and the exit status `bin/tutor run` ends with (README, "Verdicts and exit codes").
 # `interrupted` exits 128 + the signal's number (130 for Ctrl-C), as does a crash in which mpiexec itself

@@ -1,7 +1,7 @@
 """What lesson 04 prints: the softmax's summary, the norm table across magnitudes, the contrast."""
 import numpy as np
 
-from common import report
+from common import report, text
 
 
 def softmax(ctx, naive_ok, mass, p_max, argmax, factor_spread, handed, vocab):
@@ -50,8 +50,8 @@ def norms(ctx, rows, vocab):
     if ctx.rank != 0:
         return
     f32 = np.finfo(np.float32)
-    print(report.table(["mag", "float32 squares", "scaled norm", "rel err", "naive norm", "rel err"],
-                       rows, align=[False, False, True, True, True, True]))
+    print(text.table(["mag", "float32 squares", "scaled norm", "rel err", "naive norm", "rel err"],
+                     rows, align=[False, False, True, True, True, True]))
     print(f"rel err: against the root of the float64 sum of squares. A float32 square overflows "
           f"above\nsqrt(max) = {np.sqrt(f32.max):.1e}, is subnormal below sqrt(tiny) = "
           f"{np.sqrt(f32.tiny):.1e} and rounds to 0 below\nsqrt(smallest subnormal / 2) = "

@@ -29,13 +29,13 @@ def counts(every):
     def spread(values):
         lo, hi = min(values), max(values)
         return lo if lo == hi else f"{lo}-{hi}"
-    print(report.table(["algo", "count", "rounds", "msgs", "bytes sent", "all ranks sent", "#differ",
-                        "max rel err"],
-                       [(algo, count, spread([r[i][2] for r in every]), spread([r[i][3] for r in every]),
-                         spread([r[i][4] for r in every]), total, sum(r[i][6] for r in every),
-                         max(r[i][7] for r in every))
-                        for i, (algo, count, _, _, _, total, _, _) in enumerate(every[0])],
-                       align=[False] + [True] * 7))
+    print(text.table(["algo", "count", "rounds", "msgs", "bytes sent", "all ranks sent", "#differ",
+                      "max rel err"],
+                     [(algo, count, spread([r[i][2] for r in every]), spread([r[i][3] for r in every]),
+                       spread([r[i][4] for r in every]), total, sum(r[i][6] for r in every),
+                       max(r[i][7] for r in every))
+                      for i, (algo, count, _, _, _, total, _, _) in enumerate(every[0])],
+                     align=[False] + [True] * 7))
     print("rounds, msgs, bytes sent: per rank, lowest-highest over the ranks; #differ: over all ranks",
           flush=True)
 
@@ -129,7 +129,7 @@ def measured_vs_model(ctx, args, model, mrows, walk):
     report.section(ctx, "2. the alpha-beta model, measured on this machine")
     print(wrap("ping-pong rank 0 <-> 1 (half round trip: median of the round trips rank 0 timed; the "
                "other ranks sleep meanwhile):"))
-    print(report.table(["bytes", "half RTT us"], [(s, round(t * 1e6, 2)) for s, t in model["pingpong"]]))
+    print(text.table(["bytes", "half RTT us"], [(s, round(t * 1e6, 2)) for s, t in model["pingpong"]]))
     print(wrap(f"alpha = least half RTT of the sizes <= {SMALL} B = {a * 1e6:.2f} us; beta = least-squares "
                f"slope over >= 64 KiB = {b * 1e12:.1f} ps/B ({1e-9 / b if b > 0 else 0:.2f} GB/s); gamma = "
                f"dst += src on 1 MiB, every rank at once = {g * 1e12:.1f} ps/B"))
@@ -153,8 +153,8 @@ def measured_vs_model(ctx, args, model, mrows, walk):
             beyond += far
             body.append([row["size"] if i == 0 else "", algo, row["k"] if algo == "dbt" else "", round(m, 1),
                          round(p, 1), round(ratio, 2), f"{ratio_all:.2f}{' *' if far else ''}"])
-    print(report.table(["size B", "algo", "dbt k", "measured us", "pred us", "meas/pred", "meas/pred all talking"],
-                       body, align=[True, False, True, True, True, True, True]))
+    print(text.table(["size B", "algo", "dbt k", "measured us", "pred us", "meas/pred", "meas/pred all talking"],
+                     body, align=[True, False, True, True, True, True, True]))
     print(f"* {beyond} of {len(body)} rows are off by more than {OFF:g}x from both predictions, even the one "
           "with every rank talking" if beyond else
           f"every row is within {OFF:g}x of one of its two predictions (lone, or with every rank talking)")

@@ -120,12 +120,12 @@ def show_race(ctx, args, table, race, overhead):
     # type and redop are nccl-tests' columns too, but one value for the whole race: said once, so that
     # the rows fit 100 columns with rabenseifner's name and a GPU's 4-digit algbw
     print(f"type {args.dtype}, redop sum (nccl-tests' columns, the same on every row)")
-    print(report.table(["size B", "count", "algo", "time us", "algbw", "busbw",
-                        "lib us", "lib busbw", "#wrong", "lib/tuned"],
-                       [(r["size"], r["count"], r["chosen"],
-                         round(r["tuned_us"], 1), round(r["algbw"], 3), round(r["busbw"], 3),
-                         round(r["lib_us"], 1), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
-                        for r in race]))
+    print(text.table(["size B", "count", "algo", "time us", "algbw", "busbw",
+                      "lib us", "lib busbw", "#wrong", "lib/tuned"],
+                     [(r["size"], r["count"], r["chosen"],
+                       round(r["tuned_us"], 1), round(r["algbw"], 3), round(r["busbw"], 3),
+                       round(r["lib_us"], 1), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
+                      for r in race]))
     slow = [r for r in race if r["ratio"] < 1]
     if slow:
         # the one cost we can price: the Python of each round (measured above); the library's rounds are C
@@ -139,8 +139,8 @@ def show_race(ctx, args, table, race, overhead):
                            f"less than this run's noise (noise: the larger spread between one contender's "
                            f"{BATCHES} batches). The part we can price: ~{overhead * 1e6:.1f} us of Python per "
                            f"round ({what}), which the library's C rounds do not pay:", hang=4))
-        print(report.table(["size", "algo", "rounds", "gap us", "noise us", "Python us", "so the gap is"], rows,
-                           align=[False, False, True, True, True, True, False]))
+        print(text.table(["size", "algo", "rounds", "gap us", "noise us", "Python us", "so the gap is"], rows,
+                         align=[False, False, True, True, True, True, False]))
         cores = usable_cores()
         if any(r[-1].startswith("over twice") for r in rows):
             crowd = (f"; and {ctx.world_size} ranks share {cores} cores, so every round also waits for the "

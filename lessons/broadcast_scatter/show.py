@@ -1,5 +1,5 @@
 """What lesson 03 prints in section 3: the per-rank table of bytes and peaks, and what the run showed."""
-from common import report
+from common import report, text
 
 
 def compare_title(ctx, big):
@@ -17,7 +17,7 @@ def compare(ctx, everyone, wire_B, hand_us, lib_us, reps):
     if ctx.rank != 0:
         return
     n = ctx.world_size
-    print(report.table(
+    print(text.table(
         ["rank", "method", "sent B", "received B", "peak held B", "time us", "max err"],
         [(r, m, d["sent_B"], d["recv_B"], d["peak_B"], round(d["time_us"], 1), d["err"])
          for r, res in enumerate(everyone) for m, d in res.items()],

@@ -78,10 +78,10 @@ def part1(ctx, args, rows, nudge):
     if ctx.rank != 0:
         return
     n, d = ctx.world_size, rows[0]
-    print(report.table(["rank", "shard", "max|a-b|", "max|a-c|", "max|c-b|", "worst/budget", "vs rank 0"],
-                       [(r, x["shard"], x["a_vs_b"], x["a_vs_c"], x["c_vs_b"],
-                         f"{max(x['a_vs_b_ratio'], x['a_vs_c_ratio'], x['c_vs_b_ratio']):.2g}", x["vs_rank0"])
-                        for r, x in enumerate(rows)]))
+    print(text.table(["rank", "shard", "max|a-b|", "max|a-c|", "max|c-b|", "worst/budget", "vs rank 0"],
+                     [(r, x["shard"], x["a_vs_b"], x["a_vs_c"], x["c_vs_b"],
+                       f"{max(x['a_vs_b_ratio'], x['a_vs_c_ratio'], x['c_vs_b_ratio']):.2g}", x["vs_rank0"])
+                      for r, x in enumerate(rows)]))
     before, after = max(x["ddp_init_before"] for x in rows), max(x["ddp_init_after"] for x in rows)
     print(f"(c) started from weights moved by {nudge}*rank: largest difference from rank 0's {before:.3g} before "
           f"DDP(...),\n  {after:.3g} after: DDP broadcasts rank 0's parameters (and buffers) when it is built")
@@ -106,10 +106,10 @@ def parts23(ctx, s, errs, ddp_steps):
     """Rank 0 prints parts 2 and 3 (`s`: their summary, `errs`: every rank's checked differences)."""
     if ctx.rank != 0:
         return
-    print(report.table(["all-reduce", "calls/step", "time us", "diff/budget"],
-                       [("one per tensor", s["calls_per_param"], round(s["time_us_per_param"], 1), "reference"),
-                        ("one per bucket", s["calls_bucketed"], round(s["time_us_bucketed"], 1),
-                         f'{max(e["bucket_ratio"] for e in errs):.2g}')], align=[False, True, True, True]))
+    print(text.table(["all-reduce", "calls/step", "time us", "diff/budget"],
+                     [("one per tensor", s["calls_per_param"], round(s["time_us_per_param"], 1), "reference"),
+                      ("one per bucket", s["calls_bucketed"], round(s["time_us_bucketed"], 1),
+                       f'{max(e["bucket_ratio"] for e in errs):.2g}')], align=[False, True, True, True]))
     shown = s["bucket_bytes"] if len(s["bucket_bytes"]) <= 8 else f"{s['bucket_bytes'][:8]} ..."
     print(text.wrapped(f"bucket bytes {shown} (the first starts at tensor {s['first_bucket_head']}, the last "
                        f"layer's); per-tensor / bucketed time = "
@@ -130,7 +130,7 @@ def parts23(ctx, s, errs, ddp_steps):
                            + ("the same" if s["ddp_same_uneven_buckets"] else "NOT the same"), hang=0))
     tc, tm, ta, th = (s[f"time_us_{k}"] for k in ("compute", "comm", "after", "overlapped"))
     report.section(ctx, "3. overlap: bucket all-reduces launched from gradient hooks during backward")
-    print(report.table(["mode", "time us", "overlap"], [
+    print(text.table(["mode", "time us", "overlap"], [
         ("backward only (compute)", round(tc, 1), ""), ("bucketed all-reduce only (comm)", round(tm, 1), ""),
         ("backward, then all-reduce", round(ta, 1), f"{s['overlap_after']:+.2f}"),
         ("all-reduce from hooks (async)", round(th, 1), f"{s['overlap_hooks']:+.2f}")], align=[False, True, True]))

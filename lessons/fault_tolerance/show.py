@@ -4,7 +4,7 @@ import dataclasses
 import os
 import sys
 
-from common import report, timing
+from common import text, timing
 
 ULFM_NEEDED = "needs ULFM: Open MPI 5 + --with-ft ulfm (make setup MPI=openmpi)"
 
@@ -61,14 +61,14 @@ def plan(ctx, args):
 def how(exc):
     """How a survivor learned of the death, in a few words."""
     name = type(exc).__name__
-    text = str(exc)
+    message = str(exc)
     if name == "Exception" and type(exc).__module__ == "mpi4py.MPI":
         from common.mpilib import mpi_classes
         return mpi_classes().get(exc.Get_error_class(), "MPI error")
     for said in ("Connection closed by peer", "Read error", "Connection reset", "Timed out", "timed out"):
-        if said in text:
+        if said in message:
             return "gloo: " + said.lower()
-    return f"{name}: {text.splitlines()[0][:40] if text else ''}"
+    return f"{name}: {message.splitlines()[0][:40] if message else ''}"
 
 
 def max_diff(model, ref):
@@ -127,8 +127,8 @@ def table(ctx, args, doc):
     rows = doc["ranks"]
     out = [[f"{r['rank']} -> {r['new_rank']}", r["how"], _ms(r["wait_ms"]), _ms(r["recover_ms"]),
             r["redo_count"], f"{r['vs_reference']:.1e}"] for r in rows]
-    print(report.table(["rank (was -> now)", "how it learned of the death", "wait ms", "recover ms",
-                        "redone", "max |p - 1 proc|"], out, align=[0, 0, 1, 1, 1, 1]))
+    print(text.table(["rank (was -> now)", "how it learned of the death", "wait ms", "recover ms",
+                      "redone", "max |p - 1 proc|"], out, align=[0, 0, 1, 1, 1, 1]))
     print(f"{len(rows)} of {ctx.world_size} ranks finished all {args.steps} steps. wait: from the start of the "
           "failed call to its error;\n  recover: from that error to the survivors' next step done (agree, new "
           "group, the step redone)", flush=True)

@@ -86,8 +86,8 @@ def waits(ctx, best, cpus, repeat):
     solo = best["sleep"][0]
     rows = [(label[how], best[how][1], f"{min(cpus[how]):.1f}" + (f"-{max(cpus[how]):.1f}" if repeat > 1 else ""),
              round(best[how][0]), round(best[how][0] / solo if solo > 0 else float("nan"), 2)) for how in best]
-    print(report.table(["main thread", "waited ms", "its cpu ms", "thread batches/s", "of solo"],
-                       rows, align=[False, True, True, True, True]))
+    print(text.table(["main thread", "waited ms", "its cpu ms", "thread batches/s", "of solo"],
+                     rows, align=[False, True, True, True, True]))
     print(text.wrapped("the compute thread keeps its speed only when the wait releases the GIL; 'its cpu ms' "
                        "is the cpu the waiting thread itself used (a polling wait shows up here)"))
 
@@ -102,9 +102,9 @@ def speedups(ctx, timed, ranks_s, speed, got, gil_on, cores):
                      round(modes["processes"][0] * 1e3, 1), round(speed[f"{kind}_threads"], 2),
                      round(speed[f"{kind}_processes"], 2)])
         rows[-1] += [round(ranks_s * 1e3, 1), round(speed["cpu_ranks"], 2)] if kind == "cpu" else ["", ""]
-    print(report.table(["work", "serial ms", "threads ms", "procs ms", "threads x", "procs x",
-                        "ranks ms", "ranks x"], rows,
-                       align=[False, True, True, True, True, True, True, True]))
+    print(text.table(["work", "serial ms", "threads ms", "procs ms", "threads x", "procs x",
+                      "ranks ms", "ranks x"], rows,
+                     align=[False, True, True, True, True, True, True, True]))
     for line in conclusions(ctx, speed, got, gil_on, cores):
         print(text.wrapped("* " + line))
 

@@ -1,6 +1,6 @@
 """What lesson 15 prints on rank 0: the nodes found, the bytes counted, the race and its verdict, the
 dispatch. Each takes what the page gathered; none talks to the other ranks."""
-from common import report, text, timing
+from common import text, timing
 from lessons.hierarchy.reference import DMODEL, EXPERTS, TOPK
 
 TRANSPORT = {"mpi": "MPI's shared memory", "gloo": "gloo's TCP sockets (inside a node too)",
@@ -24,9 +24,9 @@ def nodes(lay, places, args, transport):
     if kind == "real" and m > 1 and args.asked:
         how += "; --groups, --ranks-per-node and --placement not used: the nodes are real"
     say(f"nodes: {how}")
-    print(report.table(["node", "world ranks (local rank 0, 1, ...)", "really on"],
-                       [[j, report.brief(row), report.brief(sorted({places[r][0] for r in row}))]
-                        for j, row in enumerate(mesh)]))
+    print(text.table(["node", "world ranks (local rank 0, 1, ...)", "really on"],
+                     [[j, text.brief(row), text.brief(sorted({places[r][0] for r in row}))]
+                      for j, row in enumerate(mesh)]))
     say(f"inside a node: {TRANSPORT[transport]}; " + (
         "across, the network joining the hosts (on this kit's test bed a veth pair in one kernel: no "
         "NIC, no InfiniBand, bandwidth set by this machine)" if kind == "real" and m > 1 else
@@ -39,15 +39,15 @@ def counts(every, sums, lay, n, itemsize, count):
     k, m = lay["k"], lay["m"]
 
     def span(key):
-        return report.per_rank(sorted({e[key] for e in every}) if len({e[key] for e in every}) == 1
+        return text.per_rank(sorted({e[key] for e in every}) if len({e[key] for e in every}) == 1
                         else [e[key] for e in every])
     print(f"{count} items of {itemsize} B per rank; bytes each rank sent, by where its peer runs")
-    print(report.table(["scheme", "steps", "inside its node B", "across nodes B", "all across",
-                        "max rel err"],
-                       [["flat ring", span("flat_steps"), span("flat_inside"), span("flat_across"),
-                         sums["flat_across_total"], max(e["flat_err_ref"] for e in every)],
-                        ["two levels", span("two_steps"), span("two_inside"), span("two_across"),
-                         sums["two_across_total"], max(e["err_ref"] for e in every)]], align=[0, 0, 0, 0, 1, 1]))
+    print(text.table(["scheme", "steps", "inside its node B", "across nodes B", "all across",
+                      "max rel err"],
+                     [["flat ring", span("flat_steps"), span("flat_inside"), span("flat_across"),
+                       sums["flat_across_total"], max(e["flat_err_ref"] for e in every)],
+                      ["two levels", span("two_steps"), span("two_inside"), span("two_across"),
+                       sums["two_across_total"], max(e["err_ref"] for e in every)]], align=[0, 0, 0, 0, 1, 1]))
     say(f"closed forms: a flat ring takes 2(N-1) = {2 * (n - 1)} steps, two levels 2(K-1) + 2(M-1) = "
         f"{2 * (k - 1) + 2 * (m - 1)}; across nodes, two levels send exactly 2(M-1) x C = "
         f"{2 * (m - 1) * count * itemsize} B from all ranks together, about 2(M-1)/M x C/K from each. "
@@ -108,9 +108,9 @@ def model(cal, ratios):
         return f"alpha {alpha * 1e6:.0f} us, " + (f"{1e-9 / beta:.3g} GB/s" if beta > 0 else "beta below noise")
     say(f"alpha-beta model of this run's links (lessons/hierarchy/model.py): inside a node {link(a_in, b_in)}; "
         f"into a node across {link(a_x, b_x)}. Flat ring time / two levels' time:")
-    print(report.table(["size B", "measured", "predicted", "measured / predicted"],
-                       [[size, f"x{got:.2f}", f"x{want:.2f}", f"{got / want:.2f}" if want else "-"]
-                        for size, got, want in ratios], align=[1, 1, 1, 1]))
+    print(text.table(["size B", "measured", "predicted", "measured / predicted"],
+                     [[size, f"x{got:.2f}", f"x{want:.2f}", f"{got / want:.2f}" if want else "-"]
+                      for size, got, want in ratios], align=[1, 1, 1, 1]))
 
 
 def race(rows, lay, sums, pick, transport, cal=None, ratios=None):
@@ -118,11 +118,11 @@ def race(rows, lay, sums, pick, transport, cal=None, ratios=None):
     print(f"time: best of {timing.BATCHES} batches, each the slowest rank's mean of {pick['iters']}; "
           "busbw = algbw x 2(N-1)/N\nvs flat: the flat ring's time / this one's; #wrong: items off "
           "the library's by > 2(N-1) x eps")
-    print(report.table(["size B", "count", "type", "redop", "algorithm", "time us", "algbw", "busbw",
-                        "#wrong", "vs flat"],
-                       [[r["size"], r["count"], r["type"], r["redop"], r["algo"], round(r["time_us"], 1),
-                         round(r["algbw"], 3), round(r["busbw"], 3), r["wrong"], round(r["vs_flat"], 2)]
-                        for r in rows], align=[1, 1, 0, 0, 0, 1, 1, 1, 1, 1]))
+    print(text.table(["size B", "count", "type", "redop", "algorithm", "time us", "algbw", "busbw",
+                      "#wrong", "vs flat"],
+                     [[r["size"], r["count"], r["type"], r["redop"], r["algo"], round(r["time_us"], 1),
+                       round(r["algbw"], 3), round(r["busbw"], 3), r["wrong"], round(r["vs_flat"], 2)]
+                      for r in rows], align=[1, 1, 0, 0, 0, 1, 1, 1, 1, 1]))
     if cal:
         model(cal, ratios)
     say(race_verdict(rows, lay, sums, transport))
@@ -133,11 +133,11 @@ def moe(every, sums, tokens):
     w = 8 * (DMODEL + 2)
     print(text.wrapped(f"{tokens} tokens of {DMODEL} float64 features per rank, top-{TOPK} of {EXPERTS} "
                        f"experts per rank; a row on the wire is {w} B (features, token id, expert bits)"))
-    print(report.table(["rank", "rank pairs", "node pairs", "flat across B", "layered across B",
-                        "fan-out inside B", "#wrong"],
-                       [[r, e["remote_rank_pairs"], e["remote_node_pairs"], e["moe_flat_across"],
-                         e["moe_layered_across"], e["moe_fan_inside"], e["moe_wrong_flat"] + e["moe_wrong_ref"]]
-                        for r, e in enumerate(every)]))
+    print(text.table(["rank", "rank pairs", "node pairs", "flat across B", "layered across B",
+                      "fan-out inside B", "#wrong"],
+                     [[r, e["remote_rank_pairs"], e["remote_node_pairs"], e["moe_flat_across"],
+                       e["moe_layered_across"], e["moe_fan_inside"], e["moe_wrong_flat"] + e["moe_wrong_ref"]]
+                      for r, e in enumerate(every)]))
     pairs = [sum(e[key] for e in every) for key in ("remote_rank_pairs", "remote_node_pairs")]
     sent = [sum(e[key] for e in every) for key in ("moe_flat_across", "moe_layered_across")]
     said = (f"This routing's de-duplication factor: {pairs[0]} / {pairs[1]} = {sums['moe_dedup']:.4f}; bytes "

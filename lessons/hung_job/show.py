@@ -3,7 +3,7 @@ where every rank's error output goes while a planted fault runs."""
 import os
 import sys
 
-from common import report
+from common import text
 
 
 def errors_aside(rank):
@@ -22,10 +22,10 @@ def errors_aside(rank):
 def record(entries, last=6, lucky=False):
     """The record's last calls; lucky: a planted fault's run got here, every call returned."""
     print(f"rank 0's record, last {last} calls:")
-    print(report.table(["#", "op", "dtype", "count", "root/peers", "comm", "state", "at"],
-                       [(e["seq"], e["op"], e["dtype"], e["count"],
-                         e["peers"] or (e["root"] if e["root"] >= 0 else ""), e["comm"], e["state"], e["site"])
-                        for e in entries[-last:]]))
+    print(text.table(["#", "op", "dtype", "count", "root/peers", "comm", "state", "at"],
+                     [(e["seq"], e["op"], e["dtype"], e["count"],
+                       e["peers"] or (e["root"] if e["root"] >= 0 else ""), e["comm"], e["state"], e["site"])
+                      for e in entries[-last:]]))
     if lucky:
         print("the fault did not stop this run: every call returned and every value checked was right,\n"
               "by luck (the library let the mismatch through); the ranks' records still hold it", flush=True)
@@ -47,8 +47,8 @@ def reading(clean, cases):
             (c["want_rank"], c["want_seq"], c["want_field"]) else f"{c['rank']}, #{c['seq']}, {c['field']}"
             for c in cases}
     want = {c["fault"]: f"#{c['want_seq']}, {c['want_field']}" for c in cases}
-    print(report.table(["fault", "want", *(f"on {'+'.join(map(str, on))} of {n}" for n, *on in plants)],
-                       [(f, want[f], *(said[(f, *p)] for p in plants)) for f in faults]))
+    print(text.table(["fault", "want", *(f"on {'+'.join(map(str, on))} of {n}" for n, *on in plants)],
+                     [(f, want[f], *(said[(f, *p)] for p in plants)) for f in faults]))
     print("(a cell: ok, or what yours named instead: rank, #k, field)")
 
 

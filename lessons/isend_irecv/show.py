@@ -2,7 +2,7 @@
 import sys
 from collections import Counter
 
-from common import mpilib, report, text
+from common import mpilib, text
 
 
 def mode(times, key):
@@ -63,7 +63,7 @@ def overlap(ctx, times, hidden, noise, slices, child, d_reason, seen):
             for m, t in times.items()]
     print(f"compute = {slices} slice(s), calibrated to last about as long as the exchange;\n"
           "rounds interleave the modes")
-    print(report.table(["mode", "time us", "x (a)", "hidden"], rows, align=[False, True, True, True]))
+    print(text.table(["mode", "time us", "x (a)", "hidden"], rows, align=[False, True, True, True]))
     print("hidden = ((a) - time) / min(comm only, compute only): the share of the shorter part a mode\n"
           "saved against (a), which does one after the other. 1: all of it; 0: none; below 0: the mode\n"
           "was slower than (a), the exchange and the compute got in each other's way.\n"

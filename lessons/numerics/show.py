@@ -22,8 +22,8 @@ def sums(ctx, rows, count):
         table.append([row["dtype"], _g(tolerance.unit_roundoff(row["dtype"])), _g(max(m["ring_rms"] for m in mine)),
                       _g(max(m["lib_rms"] for m in mine)), _g(max(max(m["ring_worst"], m["lib_worst"]) for m in mine)),
                       sum(m["ring_over"] + m["lib_over"] for m in mine)])
-    print(report.table(["dtype", "u", "ring RMS", "library RMS", "worst/budget", "#over"], table,
-                       align=[0, 1, 1, 1, 1, 1]))
+    print(text.table(["dtype", "u", "ring RMS", "library RMS", "worst/budget", "#over"], table,
+                     align=[0, 1, 1, 1, 1, 1]))
     print(text.wrapped(f"RMS over elements, largest over ranks. budget: gamma_k * sum|x| per element, k = "
                        f"N-1 = {n - 1} (common/tolerance.py); worst/budget: the largest |error| / budget; "
                        "#over: elements outside it, all ranks"), flush=True)
@@ -47,8 +47,8 @@ def fit(ctx, out):
     report.section(ctx, "2. one process, bfloat16: each hop rounds (a ring) vs float32 adds, one rounding")
     if ctx.rank:
         return
-    print(report.table(["N", "hop by hop RMS", "fp32 adds RMS"],
-                       [[r["n"], _g(r["hop_rms"]), _g(r["acc_rms"])] for r in out["fit"]], align=[1, 1, 1]))
+    print(text.table(["N", "hop by hop RMS", "fp32 adds RMS"],
+                     [[r["n"], _g(r["hop_rms"]), _g(r["acc_rms"])] for r in out["fit"]], align=[1, 1, 1]))
     gap, noise = out["slope_gap"], out["hop_noise"] + out["acc_noise"]
     said = (f"slope of log2 RMS against log2 N: hop by hop {out['hop_slope']:.2f} +- {out['hop_noise']:.2f}, "
             f"fp32 adds {out['acc_slope']:.2f} +- {out['acc_noise']:.2f} (the fit's standard errors). ")
@@ -67,12 +67,12 @@ def wide(ctx, rs, ring, count):
     rings = ctx.comm.gather(ring, root=0)
     if ctx.rank:
         return
-    print(report.table(["", "RMS error", "bytes sent, all ranks", "#over"],
-                       [["bf16 ring (section 1)", _g(max(r["ring_rms"] for r in rings)), rings[0]["ring_total"],
-                         sum(r["ring_over"] for r in rings)],
-                        ["build (a)", _g(max(r["rs_rms"] for r in every)), every[0]["rs_total"],
-                         sum(r["rs_over"] for r in every)],
-                        ["exact sum rounded once", _g(every[0]["rs_once"]), "-", "-"]], align=[0, 1, 1, 1]))
+    print(text.table(["", "RMS error", "bytes sent, all ranks", "#over"],
+                     [["bf16 ring (section 1)", _g(max(r["ring_rms"] for r in rings)), rings[0]["ring_total"],
+                       sum(r["ring_over"] for r in rings)],
+                      ["build (a)", _g(max(r["rs_rms"] for r in every)), every[0]["rs_total"],
+                       sum(r["rs_over"] for r in every)],
+                      ["exact sum rounded once", _g(every[0]["rs_once"]), "-", "-"]], align=[0, 1, 1, 1]))
     print(text.wrapped(f"want: 2 B x 2(N-1) x {count} = {4 * (n - 1) * count} B over all ranks for both. "
                        "build (a)'s budget: float32 adds, one rounding to bfloat16 (common/tolerance.py)"),
           flush=True)
@@ -86,10 +86,10 @@ def reproducible(ctx, rp, m):
     every = ctx.comm.gather(rp, root=0)
     if ctx.rank:
         return
-    rows = report.once([(r, e["digest"], e["mismatches"], e["lib_differs"], e["tree_over"] + e["mean_over"])
-                        for r, e in enumerate(every)])
-    print(report.table(["rank", "digest (sha256, first 16)", "#differ from tree", "#library differs", "#over"],
-                       rows, align=[0, 0, 1, 1, 1]))
+    rows = text.once([(r, e["digest"], e["mismatches"], e["lib_differs"], e["tree_over"] + e["mean_over"])
+                      for r, e in enumerate(every)])
+    print(text.table(["rank", "digest (sha256, first 16)", "#differ from tree", "#library differs", "#over"],
+                     rows, align=[0, 0, 1, 1, 1]))
     r0 = every[0]
     print(text.wrapped(
         f"#differ from tree: elements not bitwise equal to one process's tree sum; run -n 1, 2, 3 ... and the "

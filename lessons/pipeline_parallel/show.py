@@ -7,7 +7,7 @@ each chosen by what this run measured. Pure printing: the values come in as argu
 """
 import os
 
-from common import report, text, timing
+from common import text, timing
 from lessons.pipeline_parallel import schedules
 
 TITLE = {"gpipe": "GPipe", "1f1b": "1F1B"}  # the schedules, in the order they run and print
@@ -27,14 +27,14 @@ def split(ctx, dims, layers, micro, args, itemsize, layer_items):
         items = sum(layer_items(*dims[k]) for k in range(lo, hi))
         rows.append((s, f"{lo}-{hi - 1}" if hi - lo > 1 else str(lo), hi - lo,
                      " -> ".join(map(str, widths)), items))
-    print(report.table(["stage = rank", "layers", "count", "widths", "parameters"], rows,
-                       align=[True, False, True, False, True]))
+    print(text.table(["stage = rank", "layers", "count", "widths", "parameters"], rows,
+                     align=[True, False, True, False, True]))
     sizes = [b - a for a, b in micro]
     extra = len(dims) % n
     print(f"{len(dims)} layers on {n} stage(s): {len(dims) // n} each"
           + (f", the first {extra} one more" if extra else "") + " (shards.chunk_bounds)")
     extra = args.batch % args.micro
-    print(f"{args.batch} rows in {args.micro} micro-batches: {report.brief(sizes)}"
+    print(f"{args.batch} rows in {args.micro} micro-batches: {text.brief(sizes)}"
           + (f", the first {extra} one row more" if extra else ""))
     print(f"an activation or gradient message: a micro-batch's rows x {args.hidden} x {itemsize} B"
           if n > 1 else "one stage: it sends nothing, but runs the schedules all the same", flush=True)
@@ -71,9 +71,9 @@ def equal(ctx, every, ref_loss, dtype):
     """3. Every rank's loss and gradients against one process's, as |difference| / budget."""
     rows = [(r, lay) + tuple(f"{x[name]:.2g}" for name in TITLE for x in (loss, grad))
             for r, lay, loss, grad, *_ in every]
-    print(report.table(["rank", "layers"] + [f"{TITLE[n]} {w}" for n in TITLE for w in
-                                             ("loss/budget", "grads/budget")], rows,
-                       align=[True, False, True, True, True, True]))
+    print(text.table(["rank", "layers"] + [f"{TITLE[n]} {w}" for n in TITLE for w in
+                                           ("loss/budget", "grads/budget")], rows,
+                     align=[True, False, True, True, True, True]))
     print(text.wrapped(f"ref: one process, the whole batch through the whole model: loss {ref_loss:.12g}. A "
                        f"stage sums its gradient micro-batch by micro-batch, one process in one product: "
                        f"|difference| / budget, the worst entry; budget: common/tolerance.py's parity of B "
@@ -92,9 +92,9 @@ def bubble(ctx, every, formula, cores=None):
         rows.append((r,) + tuple(x for name in TITLE for x in (
             f"{runs[name]['ran']}/{runs[name]['ticks']}", round(runs[name]["bubble"], 3),
             round(runs[name]["wall_idle"], 3), round(runs[name]["waited_s"] / runs[name]["wall_s"], 3))))
-    print(report.table(["rank"] + [w for nm in TITLE for w in
-                                   (f"{TITLE[nm]} busy/ticks", "idle", "wall idle", "in msgs")], rows,
-                       align=[True] * 9))
+    print(text.table(["rank"] + [w for nm in TITLE for w in
+                                 (f"{TITLE[nm]} busy/ticks", "idle", "wall idle", "in msgs")], rows,
+                     align=[True] * 9))
     print(text.wrapped(f"(p-1)/(m+p-1) = {formula:.4f}. idle: idle ticks / ticks walked, in the run (graded). "
                        "wall idle: 1 - time in ops / time of the walk; in msgs: time in message groups (the "
                        "transfer, and the wait for a neighbour) / time of the walk; each on its rank's clock "
@@ -148,8 +148,8 @@ def cost(ctx, every, m, itemsize, args):
         rows.append((r, f["msgs"], f["bytes"], b["msgs"], b["bytes"], runs["gpipe"]["peak"],
                      runs["1f1b"]["peak"], min(n - r, m), runs["gpipe"]["peak_bytes"],
                      runs["1f1b"]["peak_bytes"]))
-    print(report.table(["rank", "fwd msgs", "fwd B", "bwd msgs", "bwd B", "held: GPipe", "1F1B",
-                        "min(p-s,m)", "GPipe B", "1F1B B"], rows, align=[True] * 10))
+    print(text.table(["rank", "fwd msgs", "fwd B", "bwd msgs", "bwd B", "held: GPipe", "1F1B",
+                      "min(p-s,m)", "GPipe B", "1F1B B"], rows, align=[True] * 10))
     per = args.batch * args.hidden * itemsize
     print(("sent: the same for GPipe and 1F1B. " if same else "sent: GPipe's (1F1B's differ: the JSON "
            "has them). ") + (f"Closed form: m = {m} messages, B x hidden x itemsize = {per} B\n"
@@ -177,8 +177,8 @@ def few(ctx, got):
 def torch(ctx, rows, names, m, used, batch):
     """6. torch.distributed.pipelining against one process. rows: (rank or ranks, max |torch - ref| per
     schedule run), identical rows once; used: the rows of the batch it ran on."""
-    print(report.table(["rank"] + [f"{TITLE[name]}: |torch - ref| / budget" for name in names], rows,
-                       align=[True] * 3))
+    print(text.table(["rank"] + [f"{TITLE[name]}: |torch - ref| / budget" for name in names], rows,
+                     align=[True] * 3))
     if len(names) < len(TITLE):
         print(f"Schedule1F1B not run: torch refuses fewer micro-batches ({m}) than stages ({ctx.world_size})")
     print("over the loss and my layers' gradients; PipelineStage(net, s, p), scale_grads=False"

@@ -2,7 +2,7 @@
 
 Collective where a function gathers (every rank calls it; rank 0 prints). The page passes in what it
 owns (the library's notes): nothing here imports the page."""
-from common import report, text, timing
+from common import text, timing
 
 
 def halves(ctx, runs, itemsize, missing):
@@ -15,12 +15,12 @@ def halves(ctx, runs, itemsize, missing):
         mine = [r[i] for r in every]
         bad = sum(m[k] for m in mine for k in ("rs_wrong_ref", "rs_wrong_lib", "ag_wrong_ref", "ag_wrong_lib",
                                                "send_changed"))
-        rows.append([run["layout"], report.per_rank([m["mine"] for m in mine]),
-                     report.per_rank(sorted({m["rs_rounds"] for m in mine} | {m["ag_rounds"] for m in mine})),
-                     report.per_rank([m["rs_bytes"] for m in mine]),
-                     report.per_rank([m["ag_bytes"] for m in mine]), bad])
-    print(report.table(["layout", "blocks (items)", "rounds", "RS bytes sent", "AG bytes sent", "#wrong"],
-                       rows, align=[0, 0, 0, 0, 0, 1]))
+        rows.append([run["layout"], text.per_rank([m["mine"] for m in mine]),
+                     text.per_rank(sorted({m["rs_rounds"] for m in mine} | {m["ag_rounds"] for m in mine})),
+                     text.per_rank([m["rs_bytes"] for m in mine]),
+                     text.per_rank([m["ag_bytes"] for m in mine]), bad])
+    print(text.table(["layout", "blocks (items)", "rounds", "RS bytes sent", "AG bytes sent", "#wrong"],
+                     rows, align=[0, 0, 0, 0, 0, 1]))
     print(f"per rank, {itemsize} B per item. A rank's reduce-scatter sends every block but its own:\n"
           f"  (N-1)/N = {(n - 1) / n:.3g} of the buffer when blocks are equal. #wrong: items differing from\n"
           "  one process or from the library (both halves), plus send buffers the call changed", flush=True)
@@ -38,7 +38,7 @@ def exchange(ctx, a2a, itemsize):
              itemsize * unit * (n * (n - 1) // 2 - r), m["wrong_ref"] + m["wrong_lib"] + m["send_changed"]]
             for r, m in enumerate(every)]
     print(f"rank r sends j*{unit} items to rank j (none to rank 0), so it receives r*{unit} from each")
-    print(report.table(["rank", "receives (items)", "rounds", "peers", "bytes sent", "want", "#wrong"], rows))
+    print(text.table(["rank", "receives (items)", "rounds", "peers", "bytes sent", "want", "#wrong"], rows))
     print(f"want: {itemsize} B x {unit} x (0+1+...+(N-1) - r): every block but the one it keeps. #wrong:\n"
           "  items differing from one process or from the library, plus a send buffer changed", flush=True)
 
@@ -67,17 +67,17 @@ def whole(ctx, w, itemsize):
     n, size, wire = ctx.world_size, w["ar_count"] * itemsize, w["lib_wire"]
     lib_rs_ag, lib_ar = "-", "-"
     if wire:
-        lib_rs_ag = report.per_rank([m["lib_wire"]["reduce_scatter"] + m["lib_wire"]["all_gather"] for m in every])
-        lib_ar = report.per_rank([m["lib_wire"]["allreduce"] for m in every])
+        lib_rs_ag = text.per_rank([m["lib_wire"]["reduce_scatter"] + m["lib_wire"]["all_gather"] for m in every])
+        lib_ar = text.per_rank([m["lib_wire"]["allreduce"] for m in every])
     print(f"{w['ar_count']} items ({size} B) per rank; the library's all-reduce is the reference")
-    print(report.table(["", "bytes sent per rank", "all ranks", "time us", "#wrong"],
-                       [["RS + AG by hand", report.per_rank([m["rs_ag_bytes"] for m in every]), w["rs_ag_total"],
-                         round(w["hand_rs_ag_us"], 1), sum(m["wrong"] for m in every)],
-                        ["lesson 05's ring", report.per_rank([m["ring_bytes"] for m in every]), w["ring_total"],
-                         round(w["hand_ring_us"], 1), "-"],
-                        ["library RS + AG", lib_rs_ag, "-", round(w["lib_rs_ag_us"], 1), "-"],
-                        ["library all-reduce", lib_ar, "-", round(w["lib_allreduce_us"], 1), "-"]],
-                       align=[0, 0, 1, 1, 1]))
+    print(text.table(["", "bytes sent per rank", "all ranks", "time us", "#wrong"],
+                     [["RS + AG by hand", text.per_rank([m["rs_ag_bytes"] for m in every]), w["rs_ag_total"],
+                       round(w["hand_rs_ag_us"], 1), sum(m["wrong"] for m in every)],
+                      ["lesson 05's ring", text.per_rank([m["ring_bytes"] for m in every]), w["ring_total"],
+                       round(w["hand_ring_us"], 1), "-"],
+                      ["library RS + AG", lib_rs_ag, "-", round(w["lib_rs_ag_us"], 1), "-"],
+                      ["library all-reduce", lib_ar, "-", round(w["lib_allreduce_us"], 1), "-"]],
+                     align=[0, 0, 1, 1, 1]))
     print(f"all ranks: 2(N-1) x {size} B = {2 * (n - 1) * size} B, both ways: the ring is the two halves\n"
           f"time: best of {timing.BATCHES} interleaved batches (the slowest rank's mean of each)")
     if wire:
@@ -98,12 +98,12 @@ def race(ctx, rows, pick, library):
           f"buffer of {rows[0]['type'] if rows else ''}\nbusbw = algbw x (N-1)/N for all three; "
           "hand/lib = hand busbw / library busbw\nthe library: "
           + ", ".join(library.names[op] for op in ops))
-    print(report.table(["op", "size B", "count", "hand us", "algbw", "busbw", "lib us", "algbw", "busbw",
-                        "#wrong", "hand/lib"],
-                       [(r["op"].replace("_", "-"), r["size"], r["count"], round(r["hand_us"], 1),
-                         round(r["hand_algbw"], 3), round(r["hand_busbw"], 3), round(r["lib_us"], 1),
-                         round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
-                        for op in ops for r in rows if r["op"] == op]), flush=True)
+    print(text.table(["op", "size B", "count", "hand us", "algbw", "busbw", "lib us", "algbw", "busbw",
+                      "#wrong", "hand/lib"],
+                     [(r["op"].replace("_", "-"), r["size"], r["count"], round(r["hand_us"], 1),
+                       round(r["hand_algbw"], 3), round(r["hand_busbw"], 3), round(r["lib_us"], 1),
+                       round(r["lib_algbw"], 3), round(r["lib_busbw"], 3), r["wrong"], round(r["ratio"], 2))
+                      for op in ops for r in rows if r["op"] == op]), flush=True)
 
 
 def moe(ctx, mine, tokens, dmodel):
@@ -114,11 +114,11 @@ def moe(ctx, mine, tokens, dmodel):
     n = ctx.world_size
     loads = [m["tokens_in"] for m in every]
     print(f"{tokens} tokens of {dmodel} features (float64) per rank; top-1 router; expert e on rank e")
-    print(report.table(["rank", "its expert got", "load", "kept", "sent away", "bytes out",
-                        "bytes back", "max |err|", "err/budget"],
-                       [[r, m["tokens_in"], "#" * round(15 * m["tokens_in"] / max(max(loads), 1)), m["kept"],
-                         tokens - m["kept"], m["token_bytes"], m["result_bytes"], f'{m["moe_err"]:.3g}',
-                         f'{m["moe_ratio"]:.2g}'] for r, m in enumerate(every)], align=[1, 1, 0, 1, 1, 1, 1, 1, 1]))
+    print(text.table(["rank", "its expert got", "load", "kept", "sent away", "bytes out",
+                      "bytes back", "max |err|", "err/budget"],
+                     [[r, m["tokens_in"], "#" * round(15 * m["tokens_in"] / max(max(loads), 1)), m["kept"],
+                       tokens - m["kept"], m["token_bytes"], m["result_bytes"], f'{m["moe_err"]:.3g}',
+                       f'{m["moe_ratio"]:.2g}'] for r, m in enumerate(every)], align=[1, 1, 0, 1, 1, 1, 1, 1, 1]))
     busiest = max(loads) / (sum(loads) / n) if sum(loads) else 0.0
     print(text.wrapped(f"max |err|: against one process running the whole layer; err/budget: the worst entry's "
                        f"|err| over its budget (lessons/reduce_scatter_alltoall/budget.py: two orders of "

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from common import bandwidth, plot, report, shards, timing
+from common import bandwidth, plot, report, shards, text, timing
 from common.collectives import ALLREDUCE_NAME
 
 
@@ -49,9 +49,9 @@ def counts(ctx, runs, seen, dtype, eps):
         return
     table = [row if r == 0 else ["", ""] + row[2:] for i in range(len(rows)) for r, row in
              enumerate(mine[i] for mine in every)]
-    print(report.table(["count", "chunk sizes", "rank", "steps", "bytes sent", "x buffer", "to",
-                        "#differ", "max rel err"], table,
-                       align=[True, False, True, True, True, True, False, True, True]))
+    print(text.table(["count", "chunk sizes", "rank", "steps", "bytes sent", "x buffer", "to",
+                      "#differ", "max rel err"], table,
+                     align=[True, False, True, True, True, True, False, True, True]))
     print(f"x buffer: bytes sent / buffer bytes, 2(N-1)/N = {2 * (n - 1) / n:.3g} give or take "
           "a chunk's rounding\nto: the ranks this rank sent a non-empty chunk to", flush=True)
     if dtype != "int32":
@@ -76,12 +76,12 @@ def race(ctx, rows, alpha, pick, csv=None, png=None):
     report.section(ctx, f"2. the race: ring vs {library}, in place, redop {rows[0]['redop']}")
     print(f"time: the slowest rank's mean of {pick['iters']} after {pick['warmup']} warm-up\n"
           f"algbw = size B / time (GB/s); busbw = algbw*2(N-1)/N; ring/lib = ring busbw / lib busbw")
-    print(report.table(["size B", "count", "type", "ring us", "algbw", "busbw",
-                        "lib us", "algbw", "busbw", "#wrong", "ring/lib"],
-                       [(r["size"], r["count"], r["type"], round(r["ring_us"], 1),
-                         gbps(r["ring_algbw"]), gbps(r["ring_busbw"]), round(r["lib_us"], 1),
-                         gbps(r["lib_algbw"]), gbps(r["lib_busbw"]), r["wrong"],
-                         round(r["ratio"], 2)) for r in rows], align=[True, True, False] + [True] * 8))
+    print(text.table(["size B", "count", "type", "ring us", "algbw", "busbw",
+                      "lib us", "algbw", "busbw", "#wrong", "ring/lib"],
+                     [(r["size"], r["count"], r["type"], round(r["ring_us"], 1),
+                       gbps(r["ring_algbw"]), gbps(r["ring_busbw"]), round(r["lib_us"], 1),
+                       gbps(r["lib_algbw"]), gbps(r["lib_busbw"]), r["wrong"],
+                       round(r["ratio"], 2)) for r in rows], align=[True, True, False] + [True] * 8))
     sizes = [r["size"] for r in rows]
     print(bandwidth.chart(sizes, {"ring": [r["ring_busbw"] for r in rows],
                                   "library": [r["lib_busbw"] for r in rows]}))
@@ -105,8 +105,8 @@ def no_race(ctx, bench):
 def mpi_library():
     """'MPICH', 'Open MPI' or the first words of whatever MPI this is (its own version string)."""
     from mpi4py import MPI
-    text = MPI.Get_library_version().strip()
-    return next((name for name in ("MPICH", "Open MPI") if text.startswith(name)), " ".join(text.split()[:2]))
+    version = MPI.Get_library_version().strip()
+    return next((name for name in ("MPICH", "Open MPI") if version.startswith(name)), " ".join(version.split()[:2]))
 
 
 def library_story(ctx, small, alpha):

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from common import report, text
+from common import text
 
 OVERFLOW = {"float64": math.log(np.finfo(np.float64).max), "float32": math.log(np.finfo(np.float32).max)}
 
@@ -60,8 +60,8 @@ def split(ctx, layouts):
              spans(layouts["zigzag"][r]), rows_of(layouts["zigzag"][r])) for r in range(n)]
     if n > 8:  # the first four ranks and the last two; the JSON has them all
         rows = rows[:4] + [("...", "", "", "", "")] + rows[-2:]
-    print(report.table(["rank", "contiguous: tokens", "rows", "zig-zag: tokens", "rows"], rows,
-                       align=[True, False, True, False, True]))
+    print(text.table(["rank", "contiguous: tokens", "rows", "zig-zag: tokens", "rows"], rows,
+                     align=[True, False, True, False, True]))
     print(f"zig-zag: {2 * n} chunks; rank r holds chunk r and chunk {2 * n - 1}-r")
     print(f"step s: rank r holds the block of rank r-s, starts sending it to r+1 and receiving the next"
           f"\nfrom r-1, computes on it, waits: {n - 1} transfers" if n > 1 else
@@ -71,9 +71,9 @@ def split(ctx, layouts):
 def full(ctx, rows, kv_bytes, dtype):
     """2. Every rank's rows against one process, and what it sent."""
     n = ctx.world_size
-    print(report.table(["rank", "max |ring - one process|", "err/budget", "bytes sent", "x K,V bytes",
-                        "transfers", "to"], [(r, e, x, b, f"{b / kv_bytes:.3f}", t, ",".join(map(str, p)) or "-")
-                                             for r, e, x, b, t, p in rows], align=[True] * 6 + [False]))
+    print(text.table(["rank", "max |ring - one process|", "err/budget", "bytes sent", "x K,V bytes",
+                      "transfers", "to"], [(r, e, x, b, f"{b / kv_bytes:.3f}", t, ",".join(map(str, p)) or "-")
+                                           for r, e, x, b, t, p in rows], align=[True] * 6 + [False]))
     print(text.wrapped(f"err/budget: the worst entry's |error| over its budget ({dtype}; common/tolerance.py "
                        "via lessons/ring_attention/budget.py): the ring adds the same terms as one process in "
                        "another order, so each weight may be off by its score's dot product (gamma_(d+2)), "
@@ -109,11 +109,11 @@ def causal(ctx, got, timings):
         out[split] = {"busiest_over_mean": max(comp) / mean if mean else 1.0,
                       "time_busiest_over_mean": max(timings[split]) / (sum(timings[split]) / len(comp))}
         print(f"{'contiguous' if split == 'contiguous' else 'zig-zag'}:")
-        print(report.table(["rank", "err/budget", "q.k computed", "useful", "tiles skipped", "compute ms",
-                            "computed"],
-                           [(r, e, c, u, s, round(t * 1e3, 2), bar(c, max(comp)))
-                            for (r, e, c, u, s), t in zip(rows, timings[split])],
-                           align=[True] * 6 + [False]))
+        print(text.table(["rank", "err/budget", "q.k computed", "useful", "tiles skipped", "compute ms",
+                          "computed"],
+                         [(r, e, c, u, s, round(t * 1e3, 2), bar(c, max(comp)))
+                          for (r, e, c, u, s), t in zip(rows, timings[split])],
+                         align=[True] * 6 + [False]))
     c, z = out["contiguous"], out["zigzag"]
     print(f"busiest rank / mean: q.k computed {c['busiest_over_mean']:.2f} contiguous, "
           f"{z['busiest_over_mean']:.2f} zig-zag\n  compute ms (measured): {c['time_busiest_over_mean']:.2f} "
@@ -158,8 +158,8 @@ def causal_ring_lines(ctx, t_contig, t_zig, totals, cores, busiest):
 
 def large(rows, args):
     """4. Each rank's largest score, the naive softmax's rows that are not finite, the online one's error."""
-    print(report.table(["rank", "largest |score|", "naive: rows not finite", "of rows",
-                        "online: max |err|", "err/budget"], rows, align=[True] * 6))
+    print(text.table(["rank", "largest |score|", "naive: rows not finite", "of rows",
+                      "online: max |err|", "err/budget"], rows, align=[True] * 6))
     print(f"exp overflows past {OVERFLOW[args.dtype]:.2f} in {args.dtype}: naive exp(s) / sum exp(s) "
           f"gives inf / inf = nan.\nThe online softmax subtracts the running max first. The budget grows "
           f"with the scores:\na score's dot product is rounded to about gamma_(d+2) x |q|.|k|, and the "
@@ -168,6 +168,6 @@ def large(rows, args):
 
 def sdpa(rows):
     """5. Every rank's rows against torch's scaled_dot_product_attention on one process."""
-    print(report.table(["rank", "|ring - sdpa| / budget"], rows, align=[True, True]))
+    print(text.table(["rank", "|ring - sdpa| / budget"], rows, align=[True, True]))
     print("no mask (contiguous) and causal (zig-zag); the budget: the ring's and sdpa's, in the run's "
           "dtype", flush=True)

@@ -2,7 +2,7 @@
 table, the dry run against closed forms, the calibration, your cluster's prices."""
 import re
 
-from common import report, text
+from common import text
 from lessons.scale_on_paper import links, step
 
 
@@ -24,10 +24,10 @@ def issue(url):
 # ---- section 1: the cluster from its data sheet, against published figures ---------------------
 
 def link_classes(classes):
-    print(report.table(["link class", "GB/s", "eff", "alpha us", "rate read at", "eff from"],
-                       [(v["what"], v["GBps"], round(v["eff"], 3), v["alpha_us"], short(v["source"]).split("/")[0],
-                         (issue if "/issues/" in v["eff_source"] else short)(v["eff_source"]).split("/")[-1])
-                        for v in classes.values()]))
+    print(text.table(["link class", "GB/s", "eff", "alpha us", "rate read at", "eff from"],
+                     [(v["what"], v["GBps"], round(v["eff"], 3), v["alpha_us"], short(v["source"]).split("/")[0],
+                       (issue if "/issues/" in v["eff_source"] else short)(v["eff_source"]).split("/")[-1])
+                      for v in classes.values()]))
     say("GB/s: a GPU's link, one direction. Efficiency per kind of link: NVLink at the rate NCCL "
         "itself prices a link (topo.h: 20.0 GB/s on A100, 20.6 on H100, of 25), a NIC at 24 of 25 GB/s "
         "(NCCL's maintainer, nccl-tests#119); alpha: NCCL's own latency of a ring step (tuning.cc); "
@@ -56,7 +56,7 @@ def _rows(rows):
 def figures(rows, misses, sources=()):
     head = ["all-reduce busbw, GB/s", "NCCL runs", "why", "pred", "publ", "ratio", "source"]
     align = [False, False, False, True, True, True, False]
-    print(report.table(head, _rows(rows), align=align))
+    print(text.table(head, _rows(rows), align=align))
     inside = sum(0.9 <= f["ratio"] <= 1.1 for f in rows)
     say(f"{inside} of {len(rows)} within +-10% (the runner checks every one). NCCL runs the algorithm its "
         "tuner prices fastest (tuning.cc), unless held to one; the next best beside it (the JSON keeps "
@@ -68,7 +68,7 @@ def figures(rows, misses, sources=()):
             f"efficiency's own source (the model gives {f['predicted']:.1f})")
     if misses:
         print("\nwhat the model misses, and why (read it at the source):")
-        print(report.table(head, _rows(misses), align=align))
+        print(text.table(head, _rows(misses), align=align))
         for f in misses:
             say(f"{f['label']}: {f['why']}")
 
@@ -102,9 +102,9 @@ def steps(rows, args, refused=None):
         body.append((r["model"], r["world"], r["strategy"], r["calls"], round(r["comm_bytes"] / 1e9, 1),
                      round(r["comm_s"], 3), round(r["latency_s"], 3), f"{r['busy_fast_s']:.3g}-{r['busy_s']:.3g}",
                      f"{r['step_lo']:.3g}-{r['step_hi']:.3g}", round(r["state_gb"], 1), where))
-    print(report.table(["model", "GPUs", "plan", "calls", "GB sent", "comm s", "alpha s", "compute s", "step s",
-                        "state GB", "most comm"], body,
-                       align=[False, True, False, True, True, True, True, True, False, True, False]))
+    print(text.table(["model", "GPUs", "plan", "calls", "GB sent", "comm s", "alpha s", "compute s", "step s",
+                      "state GB", "most comm"], body,
+                     align=[False, True, False, True, True, True, True, True, False, True, False]))
     over = [f"{r['model']} {r['strategy']} on {r['world']}" for r in rows if r["state_gb"] > hbm]
     if over:
         say(f"state over a GPU's {hbm:g} GB (weights and optimizer alone): " + ", ".join(over))
@@ -126,12 +126,12 @@ def steps(rows, args, refused=None):
 def step_figures(rows):
     """Published steps against the step's range, each priced as its own run (its tokens a step)."""
     print("\npublished BF16 steps on H100s, tokens a second a GPU, each priced as its own run (its MFU: 6N):")
-    print(report.table(["model", "GPUs", "plan", "tokens/step", "range tok/s/GPU", "publ", "its MFU", "inside",
-                        "source"],
-                       [(f["model"], f["world"], f["strategy"], f["tokens"], f"{f['slow_tps']:.0f}-{f['fast_tps']:.0f}",
-                         round(f["published"]), f"{f['published_mfu']:.1%}", "yes" if f["inside"] else "NO",
-                         short(f["source"]).split("/blob")[0]) for f in rows],
-                       align=[False, True, False, True, False, True, True, False, False]))
+    print(text.table(["model", "GPUs", "plan", "tokens/step", "range tok/s/GPU", "publ", "its MFU", "inside",
+                      "source"],
+                     [(f["model"], f["world"], f["strategy"], f["tokens"], f"{f['slow_tps']:.0f}-{f['fast_tps']:.0f}",
+                       round(f["published"]), f"{f['published_mfu']:.1%}", "yes" if f["inside"] else "NO",
+                       short(f["source"]).split("/blob")[0]) for f in rows],
+                     align=[False, True, False, True, False, True, True, False, False]))
     say("NVIDIA's recipes: 8B's distributed optimizer moves an all-reduce's bytes (priced as dp); 70B's "
         "TP 4 x PP 4 x CP 2 priced as this lesson's 3D plan")
     for f in rows:
@@ -164,8 +164,8 @@ def dry_runs(counted):
               f"{d['micro']} microbatches, {d['params'] / 1e9:.2f}B parameters")
         rows = [(what, got, want, "yes" if got == want else "NO", formula)
                 for what, got, want, formula in closed_forms(d)]
-        print(report.table(["count", "dry run", "closed form", "same", "formula"], rows,
-                           align=[False, True, True, False, False]))
+        print(text.table(["count", "dry run", "closed form", "same", "formula"], rows,
+                         align=[False, True, True, False, False]))
         differ = [r[0] for r in rows if r[3] == "NO"]
         if differ:  # the runner's checks fail on these too (computed again from the shapes alone)
             say(f"the dry run disagrees with the closed form at: {', '.join(differ)}")
@@ -178,12 +178,12 @@ def calibration(model, rows, world_size, transport):
         f"{model['beta'] * 1e12:.1f} ps/B, gamma {model['gamma'] * 1e12:.1f} ps/B (ping-pong, "
         f"ranks 0 and 1); all talking: alpha {model['alpha_all'] * 1e6:.2f} us, beta "
         f"{model['beta_ring'] * 1e12:.1f} ps/B; {world_size} ranks, {transport}")
-    print(report.table(["size B", "ring us", "pred us", "ring/pred", "pred all us", "ring/all", "lib us"],
-                       [(r["size"], round(r["ring_us"], 1), round(r["ring_pred_us"], 1),
-                         round(r["ring_us"] / r["ring_pred_us"], 2) if r["ring_pred_us"] > 0 else "-",
-                         round(r["ring_pred_all_us"], 1),
-                         round(r["ring_us"] / r["ring_pred_all_us"], 2) if r["ring_pred_all_us"] > 0 else "-",
-                         round(r["lib_us"], 1)) for r in rows]))
+    print(text.table(["size B", "ring us", "pred us", "ring/pred", "pred all us", "ring/all", "lib us"],
+                     [(r["size"], round(r["ring_us"], 1), round(r["ring_pred_us"], 1),
+                       round(r["ring_us"] / r["ring_pred_us"], 2) if r["ring_pred_us"] > 0 else "-",
+                       round(r["ring_pred_all_us"], 1),
+                       round(r["ring_us"] / r["ring_pred_all_us"], 2) if r["ring_pred_all_us"] > 0 else "-",
+                       round(r["lib_us"], 1)) for r in rows]))
     ratios = [r["ring_us"] / r["ring_pred_all_us"] for r in rows if r["ring_pred_all_us"] > 0]
     if ratios:
         near = sum(0.5 <= x <= 2 for x in ratios)
@@ -201,9 +201,9 @@ def yours(doc):
     nics = f"{y['nics_per_node']} NIC{'s' if y['nics_per_node'] != 1 else ''}"
     print(f"{y['nodes']} x {y['gpus_per_node']} GPUs, {nics} a node"
           f"{', NVLink SHARP' if y['nvls'] else ''}; all-reduce of {y['size']} B:")
-    print(report.table(["algorithm", "busbw GB/s", "algbw GB/s", "NCCL runs"],
-                       [(a, round(y[a + "_bw"], 1), round(y[a + "_bw"] * n / (2 * (n - 1)), 1) if n > 1 else "-",
-                         "<- least time" if a == y["algo"] else "") for a in links.ALGOS if y[a + "_bw"]],
-                       align=[False, True, True, False]))
+    print(text.table(["algorithm", "busbw GB/s", "algbw GB/s", "NCCL runs"],
+                     [(a, round(y[a + "_bw"], 1), round(y[a + "_bw"] * n / (2 * (n - 1)), 1) if n > 1 else "-",
+                       "<- least time" if a == y["algo"] else "") for a in links.ALGOS if y[a + "_bw"]],
+                     align=[False, True, True, False]))
     say(f"NCCL runs {y['algo']} ({ALGO_WHY[y['algo']]}); section 2's step rows on {n} GPUs and these "
         "numbers are in the results JSON under summary.yours")

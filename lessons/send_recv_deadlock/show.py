@@ -84,7 +84,7 @@ def fixes(ctx, count, seconds, wrong):
         return
     rows = [[name, count * 8, count, "float64", round(sec * 1e6, 1),
              float(f"{count * 8 / sec / 1e9:.3g}") if sec > 0 else 0.0, wrong[name]] for name, sec in seconds.items()]
-    print(report.table(["fix", "size B", "count", "type", "time us", "algbw GB/s", "#wrong"], rows))
+    print(text.table(["fix", "size B", "count", "type", "time us", "algbw GB/s", "#wrong"], rows))
     print("algbw = size B / time: the bytes one rank's message moved per second (GB = 1e9 B)")
     fastest = min(seconds, key=seconds.get)
     print("ratios to the fastest:", ", ".join(f"{k} {v / seconds[fastest]:.2f}x"

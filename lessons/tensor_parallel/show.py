@@ -9,7 +9,7 @@
 `every` is the rows gathered from every rank ({"ways": [...], "library": [...], "tokens": T}); the
 rows are read by way name ("naive", "megatron", "sequence", "sequence_regather").
 """
-from common import report, text
+from common import text
 
 LABEL = {"naive": "(1) naive", "megatron": "(2) Megatron", "sequence": "(3) sequence par.",
          "sequence_regather": "(4) (3), LN(x) again"}
@@ -40,8 +40,8 @@ def split(ctx, cuts):
           "W seeded,\nso dz = W on every rank without a message", flush=True)
     rows = [(r, span(cuts["fcols"][r]), span(cuts["fcols"][r]), span(cuts["rows"][r]),
              span(cuts["hcols"][r])) for r in range(ctx.world_size)]
-    print(report.table(["rank", "A, a: columns", "B: rows", "(3), (4): tokens", "(1): B, b, z columns"],
-                       rows, align=[True, False, False, False, False]))
+    print(text.table(["rank", "A, a: columns", "B: rows", "(3), (4): tokens", "(1): B, b, z columns"],
+                     rows, align=[True, False, False, False, False]))
     print("(2) adds b once, after g's sum (every rank holds the same sum); (3) and (4) add it to the sum\n"
           "for my tokens, after the reduce-scatter; (1) adds my columns of b to my columns of z",
           flush=True)
@@ -61,8 +61,8 @@ def collectives(ctx, args, every, itemsize):
                 continue
             rows.append((label if ph == "forward" else "", ph, said or "-", per_rank(sent),
                          f"{sum(sent) / unit:.2f}" if unit else "-"))
-    print(report.table(["way", "pass", "collectives, in order", "bytes sent per rank", "x"], rows,
-                       align=[False, False, False, True, True]))
+    print(text.table(["way", "pass", "collectives, in order", "bytes sent per rank", "x"], rows,
+                     align=[False, False, False, True, True]))
     print(f"AG all-gather, RS reduce-scatter, AR all-reduce (lesson 05's ring on whole tokens);\n"
           f"bytes: counted by common/counting; x: mean per rank in units of (N-1)/N x tokens x hidden "
           f"x {itemsize} B", flush=True)
@@ -90,8 +90,8 @@ def held(ctx, every):
         h = ways[0][way]["held"]
         rows.append((label, h["LN"], h["input"], h["MLP"], h["output"],
                      per_rank(w[way]["held_bytes"] for w in ways)))
-    print(report.table(["way", "LN: x-hat, 1/sigma", "A's input", "MLP: u (h)", "output z",
-                        "total, every rank"], rows, align=[False, True, True, True, True, True]))
+    print(text.table(["way", "LN: x-hat, 1/sigma", "A's input", "MLP: u (h)", "output z",
+                      "total, every rank"], rows, align=[False, True, True, True, True, True]))
     print("rank 0's parts; the last column is every rank's total (bytes, measured: the arrays each\n"
           "forward hands to its backward, and its output)", flush=True)
     if ctx.world_size > 1:
@@ -112,7 +112,7 @@ def equal(ctx, args, every, lib, gap, tol):
     for way, label in LABEL.items():
         worst = [max(w[way][k] for w in ways) for k in ("z_err", "dx_err", "dA_err", "dB_err", "dln_err")]
         rows.append([label] + worst + [max(lb[way]["err"] for lb in library)])
-    print(report.table(heads, rows, align=[False] + [True] * 6))
+    print(text.table(heads, rows, align=[False] + [True] * 6))
     print(f"max relative difference over ranks; tolerance {tol:g} ({args.dtype}): the same "
           "sums in\nanother order than one process's (the ranks' partial sums; (1) adds b before x)")
     names = [lib.names[k] for k in ("all_reduce", "all_gather", "reduce_scatter")]
@@ -136,8 +136,8 @@ def torch_plans(ctx, got):
                  for ph in ("forward", "backward")]
         rows.append(("(2) ColwiseParallel + RowwiseParallel" if way == "megatron" else
                      "(3) the same + SequenceParallel", max(m[way]["err"] for m in mine), *calls))
-    print(report.table(["torch's plan", "max rel diff", "forward", "backward"], rows,
-                       align=[False, True, False, False]))
+    print(text.table(["torch's plan", "max rel diff", "forward", "backward"], rows,
+                     align=[False, True, False, False]))
     shares = [m["sequence"]["tokens_held"] for m in mine]
     print("the same weights; relative difference from one process over z, dx and every gradient;\n"
           "forward, backward: the collectives torch ran (its c10d functional ops, rank 0's)\n"

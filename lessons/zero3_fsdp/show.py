@@ -1,7 +1,7 @@
 """What lesson 10's rank 0 prints: the shards, the four trainings compared, the ZeRO table and torch's
 FSDP. Collective where a function gathers (every rank calls it; rank 0 prints). The page passes in
 what it owns (the run's numbers): nothing here imports the page."""
-from common import report, text
+from common import text
 
 
 def shards(ctx, dims, items, sizes_held, itemsize):
@@ -11,7 +11,7 @@ def shards(ctx, dims, items, sizes_held, itemsize):
     n = ctx.world_size
     rows = [(f"{fan_in}+1 x {fan_out}", k, size * n, size, size * n - k)
             for (fan_in, fan_out), k, size in zip(dims, items, sizes_held)]
-    print(report.table(["layer (in+1) x out", "items", "padded to", "per rank", "padding"], rows))
+    print(text.table(["layer (in+1) x out", "items", "padded to", "per rank", "padding"], rows))
     total, mine = sum(r[1] for r in rows), sum(r[3] for r in rows)
     print(f"every rank holds {mine} of the model's {total} parameters ({mine * itemsize} B); the "
           f"last shard of a layer\nends in its padding, zeros whose gradient is 0", flush=True)
@@ -26,8 +26,8 @@ def equal(ctx, args, row, lib, tol):
     print("(a) ZeRO-3 by hand  (b) one process, whole batch  (d) (a) on the library's collectives"
           "\n(c) data parallel: each layer's gradient all-reduced (reduce-scatter, then all-gather)")
     rows = [(r[0], "-" if r[1] is None else r[1]) + tuple(r[2:]) for r in rows]  # no SGD steps: -
-    print(report.table(["rank", "SGD: |a-b|", "end: |a-b|", "end: |a-c|", "end: |c-b|", "end: |d-b|"],
-                       report.once(rows), align=[True] * 6))
+    print(text.table(["rank", "SGD: |a-b|", "end: |a-b|", "end: |a-c|", "end: |c-b|", "end: |d-b|"],
+                     text.once(rows), align=[True] * 6))
     print(f"max |dparam| after the {args.sgd_steps} SGD steps and at the end; tolerance "
           f"{tol:g} ({args.dtype}):\nthe ring adds the ranks' partial sums in its own "
           "order, not the single process's", flush=True)
@@ -66,8 +66,8 @@ def zero_table(ctx, row, padded_bytes, largest, lib):
                   ("held: Adam's m and v", r["dp_state_bytes"], "", r["state_bytes"], "", "")]
         if not same:
             print(f"rank {rank}:")
-        print(report.table(["per rank, per step", "data parallel B", "x", "ZeRO-3 B", "x", "(d) nominal B"],
-                           table, align=[False, True, True, True, True, True]))
+        print(text.table(["per rank, per step", "data parallel B", "x", "ZeRO-3 B", "x", "(d) nominal B"],
+                         table, align=[False, True, True, True, True, True]))
     if n == 1:
         print("one rank: nothing to send, and its shards are the whole model")
     else:
@@ -96,8 +96,8 @@ def torch_fsdp(ctx, row):
                            row["torch_items_held"]), root=0)
     if ctx.rank:
         return
-    print(report.table(["rank", "max |torch - a|", "items held", "per parameter (w, b, ...)"],
-                       report.once([(r, d, s, str(h)) for r, d, s, h in got]), align=[True, True, True, False]))
+    print(text.table(["rank", "max |torch - a|", "items held", "per parameter (w, b, ...)"],
+                     text.once([(r, d, s, str(h)) for r, d, s, h in got]), align=[True, True, True, False]))
     uneven = len({s for _, _, s, _ in got}) > 1
     print("fully_shard cuts each parameter tensor along its first dimension (rows of weight, "
           "items of bias),\nnot one flat vector per layer" + (
