@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common import bootstrap, shards, tolerance
-from common.runner import catalog, engine, verdict
+from common.runner import catalog, lesson_run, verdict
 from conftest import torch_marks
 from lessons.numerics import bf16, orders, silent, tree, wire
 
@@ -263,7 +263,7 @@ APIS = [pytest.param(a, marks=torch_marks("17_numerics", a)) for a in ("mpi4py",
 
 def run(n, api, *args):
     lesson = catalog.resolve("17")
-    outcome, checks = engine.run_lesson(lesson, n, api, "cpu", [*SMALL, *args], echo=False, timeout=LIMIT)
+    outcome, checks = lesson_run.run_lesson(lesson, n, api, "cpu", [*SMALL, *args], echo=False, timeout=LIMIT)
     said = "\n".join(outcome.tail[-30:] + verdict.explain(lesson, outcome, checks))
     return outcome, checks, said
 

@@ -117,7 +117,7 @@ def silent(ctx, sc, shapes, steps):
         rows = [["none (a clean run)", "-", "-", "-", sc["clean_named"]]]
         rows += [[p["plant"], _who(p["suspects"]), p["named_tensor"], _step(p["named_step"]),
                   p["steps_off"]] for p in plants]
-        print(report.table(["planted", "named: rank", "tensor", "step", "steps off"], rows,
+        print(text.table(["planted", "named: rank", "tensor", "step", "steps off"], rows,
                            align=[0, 1, 1, 1, 1]))
         said = "steps off: after how many steps the replicas disagreed"
         if all(p["steps_off"] == steps - p["step"] for p in plants):
@@ -138,7 +138,7 @@ def silent(ctx, sc, shapes, steps):
             seen[key, kind] = before != after
             rows.append([label, h["what"], before[:16], after[:16],
                          "differs" if seen[key, kind] else "same"])
-    print(report.table(["hash of one tensor", "the plant, on a copy", "before", "after", ""], rows))
+    print(text.table(["hash of one tensor", "the plant, on a copy", "before", "after", ""], rows))
     print(text.wrapped(_hash_sentence(seen)), flush=True)
 
 
