@@ -17,9 +17,9 @@ What to watch for:
      x, in units of one all-gather of the activation: (1) 5 forward and 6 backward, (2) 2 and 2, (3) 2
      and 2 (the same bytes as (2), rank by rank), (4) 2 and 3.
   3. what each rank keeps for backward (measured): (2) every token's LN(x) and output, (4) its share.
-  4. equal to one process (checked): z, dx and every gradient of every way against the unsplit
-     block, as relative differences (allowed 1e-12 in float64, 1e-5 in float32); (lib) the same
-     ways on the library's calls. Why g waits for B: split A by rows and GeLU sees partial sums.
+  4. equal to one process (checked): z, dx and every gradient of every way, entry by entry, inside
+     a budget made from the run's values (sums added in another order: tensor_parallel/budget.py);
+     (lib) on the library's calls. Why g waits for B: split A by rows and GeLU sees partial sums.
   5. on --api torch: torch's own ColwiseParallel, RowwiseParallel and SequenceParallel, same block.
 
 Run it:
@@ -35,20 +35,20 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, buffers, report, shards, timing  # noqa: E402
-from lessons.tensor_parallel import show, torch_tp  # noqa: E402
+from common import bootstrap, buffers, report, shards, timing, tolerance  # noqa: E402
+from lessons.tensor_parallel import budget, show, torch_tp  # noqa: E402
 from lessons.tensor_parallel.collectives import Collectives  # noqa: E402
 
 five = bootstrap.lesson_module("05")  # ring_allreduce, inplace_add
 nine = bootstrap.lesson_module("09")  # ring_chunks, all_gather, reduce_scatter
 
-SEED = 11                 # weights, x and W come from this seed, identical on every rank
+SEED = 11                 # weights, x and W come from this seed (--seed), identical on every rank
 TOKENS = 22               # batch x sequence: 22 % 3 == 1, 22 % 4 == 2, so token shares are uneven
 HIDDEN = 10               # 10 % 3, 10 % 4 != 0: the naive way's output columns are uneven too
 FFN_PER_HIDDEN = 4        # F = 4 x hidden (40: 40 % 3 == 1), the transformer's usual MLP width
 LN_EPS = 1e-5             # torch.nn.LayerNorm's default
 GELU_C, GELU_K = math.sqrt(2 / math.pi), 0.044715  # GeLU's tanh form, as GPT-2's
-TOL = {"float64": 1e-12, "float32": 1e-5}  # max relative difference from one process (docstring, 4.)
+DTYPES = ("float32", "float64")  # graded against common/tolerance.py's budget (tensor_parallel/budget.py)
 PASSES = ("forward", "backward", "grads")  # counted apart; grads: (3), (4)'s all-reduce of dgamma, dbeta, db
 
 
@@ -251,9 +251,9 @@ def reference(p, x, dz):
     return z, dz + dxn, grads
 
 
-def make_block(tokens, hidden, ffn, dtype):
+def make_block(tokens, hidden, ffn, dtype, seed=SEED):
     """The block's parameters, x and the loss weights W (so dz = W), seeded, as NumPy arrays."""
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(seed)
     p = {"gamma": 1 + 0.1 * rng.standard_normal(hidden), "beta": 0.1 * rng.standard_normal(hidden),
          "A": rng.standard_normal((hidden, ffn)) / math.sqrt(hidden), "a": 0.1 * rng.standard_normal(ffn),
          "B": rng.standard_normal((ffn, hidden)) / math.sqrt(ffn), "b": 0.1 * rng.standard_normal(hidden)}
@@ -283,25 +283,31 @@ def held_bytes(saved, z):
     return out
 
 
-def rel_err(got, want):
-    """max |got - want| / max |want| (0 for empty arrays), got from any device."""
-    got = buffers.to_host(got)
-    if want.size == 0:
-        return 0.0
-    return float(np.abs(got.astype(np.float64) - want).max() / max(float(np.abs(want).max()), 1e-300))
+def graded_reference(p, x, w, dtype):
+    """One process's values and their budgets, by name (z, dx, dA, da, dB, db, dgamma, dbeta)."""
+    z, dx, grads = reference(p, x, w)
+    return {"z": z, "dx": dx, **grads}, budget.entries(p, x, w, dtype, LN_EPS, GELU_C, GELU_K)
+
+
+def ratio(ref, name, got, cut=slice(None)):
+    """The worst entry's |got - one process| / its budget, over the slice `cut` (got from any device)."""
+    want, bound = ref
+    return tolerance.worst_ratio(buffers.to_host(got).astype(np.float64) - want[name][cut], bound[name][cut])
+
+
+GRADED = {"z_ratio": ("z",), "dx_ratio": ("dx",), "dA_ratio": ("dA", "da"), "dB_ratio": ("dB", "db"),
+          "dln_ratio": ("dgamma", "dbeta")}  # the JSON's fields: the names each grades
 
 
 def errors(way, rank, split, ref, z, dx, grads):
-    """Relative differences from one process: each array against the same slice of the reference."""
-    zref, dxref, g = ref
+    """Each array against the same slice of one process's, inside its budget: worst |diff| / budget."""
     f = slice(*split["fcols"][rank])  # my columns of A and a, my rows of B
     cols = slice(*split["hcols"][rank]) if way == "naive" else slice(None)  # the naive way's B, b: my columns
     rows = slice(*split["rows"][rank]) if way.startswith("sequence") else slice(None)  # (3), (4): my tokens
-    return {"z_err": rel_err(z, zref[rows]), "dx_err": rel_err(dx, dxref[rows]),
-            "dA_err": max(rel_err(grads["dA"], g["dA"][:, f]), rel_err(grads["da"], g["da"][f])),
-            "dB_err": max(rel_err(grads["dB"], g["dB"][f] if way != "naive" else g["dB"][:, cols]),
-                          rel_err(grads["db"], g["db"][cols])),
-            "dln_err": max(rel_err(grads["dgamma"], g["dgamma"]), rel_err(grads["dbeta"], g["dbeta"]))}
+    cut = {"z": rows, "dx": rows, "dA": (slice(None), f), "da": f, "dB": (slice(None), cols) if way == "naive"
+           else f, "db": cols, "dgamma": slice(None), "dbeta": slice(None)}
+    got = {"z": z, "dx": dx, **grads}
+    return {key: max(ratio(ref, name, got[name], cut[name]) for name in names) for key, names in GRADED.items()}
 
 
 def run_ways(ctx, args, host, x, w, ref, split):
@@ -322,9 +328,10 @@ def run_ways(ctx, args, host, x, w, ref, split):
                      "calls": ops.calls})
         lib = Collectives(ctx, dtype, five, nine, library=True)
         z, dx, grads, _ = run_way(way, lib, xp, p, xd, dz, split)
-        library.append({"way": way, "err": max(errors(way, ctx.rank, split, ref, z, dx, grads).values()),
+        library.append({"way": way, "ratio": max(errors(way, ctx.rank, split, ref, z, dx, grads).values()),
                         "calls": " | ".join(lib.called(ph) for ph in ("forward", "backward"))})
-    return {"ways": ways, "library": library, "tokens": args.tokens}, lib
+    worst = {name: float(b.max(initial=0)) for name, b in ref[1].items()}  # the budget's largest entry
+    return {"ways": ways, "library": library, "tokens": args.tokens, "budget": worst}, lib
 
 
 
@@ -348,7 +355,8 @@ def flags():
                         help=f"hidden size (default {HIDDEN})")
     parser.add_argument("--ffn", type=bootstrap.positive(int), default=None,
                         help=f"MLP width F (default {FFN_PER_HIDDEN} x hidden)")
-    parser.add_argument("--dtype", choices=sorted(TOL), default="float64")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"weights, x and W's seed (default {SEED})")
     return parser
 
 
@@ -356,8 +364,8 @@ def main():
     args, ctx = bootstrap.start(__file__, flags())
     args.ffn = args.ffn or FFN_PER_HIDDEN * args.hidden
     n, rank, dtype = ctx.world_size, ctx.rank, np.dtype(args.dtype)
-    host, x, w = make_block(args.tokens, args.hidden, args.ffn, dtype)  # seeded: the same on every rank
-    ref = reference(host, x, w)                                          # one process, NumPy, in --dtype
+    host, x, w = make_block(args.tokens, args.hidden, args.ffn, dtype, args.seed)  # the same on every rank
+    ref = graded_reference(host, x, w, args.dtype)                       # one process, NumPy; budgets
     split = {"fcols": shards.chunk_bounds(args.ffn, n), "hcols": shards.chunk_bounds(args.hidden, n),
              "rows": shards.chunk_bounds(args.tokens, n)}                # uneven where N does not divide
     row, lib = run_ways(ctx, args, host, x, w, ref, split)               # the four ways, by hand and (lib)
@@ -375,17 +383,17 @@ def main():
         show.held(ctx, every)                                            # (4) keeps 1/N of (2)'s
     report.section(ctx, "4. equal to one process: the unsplit block, on every rank")
     if rank == 0:
-        show.equal(ctx, args, every, lib, gelu_of_sums(host, x, n) if n > 1 else None, TOL[args.dtype])
+        show.equal(ctx, args, every, lib, gelu_of_sums(host, x, n) if n > 1 else None)
     if ctx.api == "torch":                                               # 5. torch's own plans, same block
         report.section(ctx, "5. torch's own tensor parallelism on the same block "
                             "(torch.distributed.tensor.parallel)")
-        row["torch_api"] = torch_tp.torch_own(ctx, host, x, w, ref, LN_EPS, rel_err)
+        row["torch_api"] = torch_tp.torch_own(ctx, host, x, w, LN_EPS, lambda name, got: ratio(ref, name, got))
         got = ctx.comm.gather(row["torch_api"], root=0)
         if rank == 0:
             show.torch_plans(ctx, got)
     timing.syncer(ctx)()
     params = {"tokens": args.tokens, "hidden": args.hidden, "ffn": args.ffn, "dtype": args.dtype,
-              "itemsize": dtype.itemsize, "tol": TOL[args.dtype]}
+              "itemsize": dtype.itemsize, "seed": args.seed}
     report.finish(ctx, dict(row, ways=[{k: v for k, v in r.items() if k != "calls"} for r in row["ways"]]),
                   params=params)
 

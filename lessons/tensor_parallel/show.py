@@ -3,7 +3,7 @@
     split(ctx, cuts)                            1. who holds which columns, rows and tokens
     collectives(ctx, args, every, itemsize)     2. each way's calls and the bytes each rank sent
     held(ctx, every)                            3. what each rank keeps for backward
-    equal(ctx, args, every, lib, gap, tol)      4. every way against one process; why g waits for B
+    equal(ctx, args, every, lib, gap)           4. every way against one process; why g waits for B
     torch_plans(ctx, got)                       5. torch's own plans (--api torch)
 
 `every` is the rows gathered from every rank ({"ways": [...], "library": [...], "tokens": T}); the
@@ -104,24 +104,25 @@ def held(ctx, every):
     print(end="", flush=True)
 
 
-def equal(ctx, args, every, lib, gap, tol):
+def equal(ctx, args, every, lib, gap):
     """lib: the library's Collectives (its names and what it lacks); gap: gelu_of_sums, None on 1 rank."""
     heads = ["way", "z", "dx", "dA, da", "dB, db", "dgamma, dbeta", "(lib) all"]
     ways, library = [by_way(r["ways"]) for r in every], [by_way(r["library"]) for r in every]
     rows = []
     for way, label in LABEL.items():
-        worst = [max(w[way][k] for w in ways) for k in ("z_err", "dx_err", "dA_err", "dB_err", "dln_err")]
-        rows.append([label] + worst + [max(lb[way]["err"] for lb in library)])
+        worst = [max(w[way][k] for w in ways) for k in ("z_ratio", "dx_ratio", "dA_ratio", "dB_ratio", "dln_ratio")]
+        rows.append([label] + [f"{r:.2g}" for r in worst] + [f"{max(lb[way]['ratio'] for lb in library):.2g}"])
     print(text.table(heads, rows, align=[False] + [True] * 6))
-    print(f"max relative difference over ranks; tolerance {tol:g} ({args.dtype}): the same "
-          "sums in\nanother order than one process's (the ranks' partial sums; (1) adds b before x)")
+    print("worst |difference| / budget over every entry and rank, <= 1 inside: the same sums in\n"
+          "another order than one process's (the ranks' partial sums; (1) adds b before x)")
+    print(f"budget: parity of two orders, per entry, {args.dtype} (lessons/tensor_parallel/budget.py)")
     names = [lib.names[k] for k in ("all_reduce", "all_gather", "reduce_scatter")]
     print(text.wrapped(f"(lib): the same code on {', '.join(names)}" + (
         " (MPI_Allgatherv, MPI_Reduce_scatter for uneven blocks)" if ctx.transport == "mpi" else "")))
     for call in ("all_gather", "reduce_scatter"):
         if call in lib.missing:
             print(text.wrapped(lib.missing[call], indent="  ", hang=0))
-    if gap is not None and gap > tol:
+    if gap:
         print(f"g waits for B: GeLU acts on each column of u alone, and each rank holds whole columns of "
               f"A.\nSplit A by rows instead and u is a sum over ranks: here GeLU(sum) and the sum of "
               f"GeLUs\ndiffer by {gap:.3g} (relative), so the sum must come first", flush=True)
@@ -135,11 +136,11 @@ def torch_plans(ctx, got):
         calls = [", ".join(TORCH_SHORT.get(c, c) for c in r0[f"{ph}_calls"].split()) or "-"
                  for ph in ("forward", "backward")]
         rows.append(("(2) ColwiseParallel + RowwiseParallel" if way == "megatron" else
-                     "(3) the same + SequenceParallel", max(m[way]["err"] for m in mine), *calls))
-    print(text.table(["torch's plan", "max rel diff", "forward", "backward"], rows,
+                     "(3) the same + SequenceParallel", f"{max(m[way]['ratio'] for m in mine):.2g}", *calls))
+    print(text.table(["torch's plan", "diff/budget", "forward", "backward"], rows,
                      align=[False, True, False, False]))
     shares = [m["sequence"]["tokens_held"] for m in mine]
-    print("the same weights; relative difference from one process over z, dx and every gradient;\n"
+    print("the same weights; worst |difference| / budget against one process, z, dx, every gradient;\n"
           "forward, backward: the collectives torch ran (its c10d functional ops, rank 0's)\n"
           f"torch cuts the tokens as torch.chunk does: {' '.join(map(str, shares))}", flush=True)
     partial = mine[0]["sequence"]["partial_grads"]
