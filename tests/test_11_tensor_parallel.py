@@ -1,11 +1,15 @@
 """Lesson 11's pure pieces, without MPI: the block's hand-written backward (against finite
 differences), which every way and the one-process reference share, and the measured GeLU gap. The runs
-themselves are in test_lessons.py and the wrong answers in tests/wrong_answers/11_tensor_parallel.yaml."""
+themselves are in test_lessons.py and the wrong answers in tests/wrong_answers/11_tensor_parallel.yaml;
+the budget (lessons/tensor_parallel/budget.py) against an evaluation in another dtype and in real runs."""
+import json
+
 import numpy as np
 import pytest
 
-from common import bootstrap
-from lessons.tensor_parallel import show
+from common import bootstrap, tolerance
+from conftest import tutor
+from lessons.tensor_parallel import budget, show
 
 eleven = bootstrap.lesson_module("11")  # importing a lesson starts no MPI
 
@@ -65,3 +69,55 @@ def test_per_rank_says_a_shared_value_once():
     assert show.per_rank([5, 5, 5]) == "5 each"
     assert show.per_rank([1, 2, 3, 4]) == "1 2 3 4"
     assert show.per_rank(range(8)) == "0 .. 7"
+
+
+def test_gelu_second_derivative_in_the_budget_is_the_derivative_of_gelu_grad():
+    u, h, c, k = np.linspace(-5, 5, 101), 1e-6, eleven.GELU_C, eleven.GELU_K
+    numeric = (eleven.gelu_grad(np, u + h) - eleven.gelu_grad(np, u - h)) / (2 * h)
+    t, dt = np.tanh(c * (u + k * u ** 3)), c * (1 + 3 * k * u * u)
+    assert np.allclose((1 - t * t) * dt * (1 - u * t * dt) + 3 * c * k * u * u * (1 - t * t), numeric, atol=1e-8)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_float32_is_inside_half_the_budget_of_exact_and_a_wrong_gradient_is_not(seed):
+    """Each side of the parity is held within E = budget / 2 of exact arithmetic on its inputs: one
+    process in float32 against float64 on the same float32 values (nearly exact) must be inside it."""
+    p, x, w = eleven.make_block(22, 10, 40, np.float32, seed)
+    bound = budget.entries(p, x, w, "float32", eleven.LN_EPS, eleven.GELU_C, eleven.GELU_K)
+    z, dx, grads = eleven.reference(p, x, w)
+    wide = eleven.reference({k: v.astype(np.float64) for k, v in p.items()}, x.astype(np.float64),
+                            w.astype(np.float64))
+    got, want = {"z": z, "dx": dx, **grads}, {"z": wide[0], "dx": wide[1], **wide[2]}
+    assert set(bound) == set(got) and all(bound[k].shape == got[k].shape for k in got)
+    assert max(tolerance.worst_ratio(got[k] - want[k], bound[k] / 2) for k in got) <= 1
+    p, x, w = eleven.make_block(22, 10, 40, np.float64, seed)
+    bound = budget.entries(p, x, w, "float64", eleven.LN_EPS, eleven.GELU_C, eleven.GELU_K)
+    _, _, grads = eleven.reference(p, x, w)
+    assert tolerance.worst_ratio(grads["dB"] * 1e-6, bound["dB"]) > 1   # one part in a million off
+
+
+def grade_runs(tmp_path, n, seeds, api="mpi4py"):
+    keys = [*eleven.GRADED]
+    for seed in seeds:
+        out = tmp_path / f"r{n}-{seed}.json"
+        done = tutor("run", "11", "-n", str(n), "--api", api, "--json", str(out), "--", "--seed", str(seed),
+                     "--dtype", ("float32", "float64")[seed % 2], timeout=300)
+        doc = json.loads(out.read_text())
+        assert done.returncode == 0 and doc["status"] == "pass", done.stdout[-2000:] + done.stderr
+        worst = max([w[k] for rank in doc["ranks"] for w in rank["ways"] for k in keys]
+                    + [w["ratio"] for rank in doc["ranks"] for w in rank["library"] + rank.get("torch_api", [])])
+        assert worst <= 1
+
+
+@pytest.mark.slow  # 6 real runs: ~20 s of CPU on 2 cores
+@pytest.mark.parametrize("n", [3, 5])
+def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
+    grade_runs(tmp_path, n, range(3))
+
+
+@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("n", range(1, 9))
+def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n):
+    """The issue's bar (41): NP 1-8, 20 seeds each (float32 and float64 in turn)."""
+    grade_runs(tmp_path, n, range(20))
