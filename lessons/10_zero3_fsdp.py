@@ -36,18 +36,18 @@ import weakref
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import bootstrap, buffers, collectives, counting, p2p, report, shards, timing  # noqa: E402
-from lessons.zero3_fsdp import show, torch_fsdp  # noqa: E402
+from common import bootstrap, buffers, collectives, counting, p2p, report, shards, timing, tolerance  # noqa: E402
+from lessons.zero3_fsdp import budget, show, torch_fsdp  # noqa: E402
 
 nine = bootstrap.lesson_module("09")  # reduce_scatter, all_gather: the ring halves lesson 09 built
 
-SEED = 10                 # weights and data come from this seed, identical on every rank
+SEED = 10                 # weights and data come from this seed (--seed), identical on every rank
 SIZES = "6,13,11,9,7,3"   # MLP widths, tanh between; layer items 91, 154, 108, 70, 24 (447)
 BATCH = 50                # global batch: 50 % 3 == 2, 50 % 4 == 2, so the slices are uneven at NP 3, 4
 SGD_STEPS, ADAM_STEPS = 3, 3
 LR_SGD, LR_ADAM = 0.1, 0.01
 B1, B2, EPS = 0.9, 0.999, 1e-8  # Adam's betas and eps, as torch.optim.Adam's defaults
-TOL = {"float64": 1e-10, "float32": 1e-5}  # max |dparam|: the ring sums in its own order (~1e-16, ~6e-8)
+DTYPES = ("float32", "float64")  # graded against common/tolerance.py's budget (zero3_fsdp/budget.py)
 
 
 # ---------------------------------------------------------------- the shards
@@ -292,10 +292,29 @@ def max_diff(a, b):
     return max(float(np.abs(p - q).max()) if p.size else 0.0 for p, q in zip(a, b))
 
 
-def results(ctx, args, dims, trained, full_a, after_b, after_c, full_d, counted, held, held_dp):
-    """This rank's results row: how far the trainings end apart, bytes sent per step (counted), bytes
-    held (measured). trained: fsdp_train's (after, sent, shard sizes, moments); counted: (a)'s, (c)'s,
-    (d)'s Counted backends."""
+def ratio(a, b, bound):
+    """The worst parameter's |a - b| / its budget (lessons/zero3_fsdp/budget.py), over every layer."""
+    return tolerance.worst_ratio(np.concatenate(a).astype(np.float64) - np.concatenate(b), bound)
+
+
+def compare(name, a, b, bound):
+    """{name: max |a - b|, name_ratio: the worst parameter's |a - b| / budget}."""
+    return {name: max_diff(a, b), f"{name}_ratio": ratio(a, b, bound)}
+
+
+def oracle(ctx, args, flats, dims, schedule):
+    """The budget of |one training - another| per parameter (lessons/zero3_fsdp/budget.py, from an
+    exact replay of the run): rank 0's, sent to every rank (plain MPI, uncounted)."""
+    x, t = make_data(args.sizes, args.batch, flats[0].dtype, args.seed)
+    bound = budget.trajectory(flats, dims, x, t, args.batch, schedule, args.dtype, ctx.world_size, (B1, B2, EPS)) \
+        if ctx.rank == 0 else None
+    return ctx.comm.bcast(bound, root=0)
+
+
+def results(ctx, args, dims, trained, full_a, after_b, after_c, full_d, counted, held, held_dp, bound):
+    """This rank's results row: how far the trainings end apart (and against the budget `bound`),
+    bytes sent per step (counted), bytes held (measured). trained: fsdp_train's (after, sent, shard
+    sizes, moments); counted: (a)'s, (c)'s, (d)'s Counted backends."""
     _, sent, sizes_held, moments = trained
     be, be_dp, be_lib = counted
     steps, itemsize = args.sgd_steps + args.adam_steps, np.dtype(args.dtype).itemsize
@@ -306,10 +325,11 @@ def results(ctx, args, dims, trained, full_a, after_b, after_c, full_d, counted,
     per_step = {name: {ph: c.total(phases=[ph]) // steps for ph in ("forward", "backward", "step")}
                 for name, c in (("sent", be), ("dp_sent", be_dp), ("library_sent", be_lib))}
     row = {"sgd_vs_single": max_diff(full_a[at_sgd], after_b[at_sgd]) if args.sgd_steps else None,
-           "end_vs_single": max_diff(full_a[-1], after_b[-1]),
-           "end_vs_dp": max_diff(full_a[-1], after_c[-1]),
+           **compare("end_vs_single", full_a[-1], after_b[-1], bound),
+           **compare("end_vs_dp", full_a[-1], after_c[-1], bound),
            "dp_vs_single": max_diff(after_c[-1], after_b[-1]),
-           "library_vs_single": max_diff(full_d, after_b[-1]),
+           **compare("library_vs_single", full_d, after_b[-1], bound),
+           "budget_max": float(bound.max(initial=0)), "budget_median": float(np.median(bound)),
            "layers": layers, "shard_bytes": shard_bytes,
            "peak_param_bytes": held["params"].peak, "peak_gathered_bytes": held["params"].peak - shard_bytes,
            "peak_grad_bytes": held["grads"].peak, "peak_layer_grad_bytes": held["grads"].peak - shard_bytes,
@@ -328,7 +348,7 @@ def params(args, dims, sizes_held, n):
     itemsize = np.dtype(args.dtype).itemsize
     return {"sizes": args.sizes, "batch": args.batch, "sgd_steps": args.sgd_steps,
             "adam_steps": args.adam_steps, "steps": args.sgd_steps + args.adam_steps, "dtype": args.dtype,
-            "itemsize": itemsize, "tol": TOL[args.dtype], "largest_layer_items": max(layer_items(*d) for d in dims),
+            "itemsize": itemsize, "seed": args.seed, "largest_layer_items": max(layer_items(*d) for d in dims),
             "padded_bytes": sum(size * n for size in sizes_held) * itemsize}
 
 
@@ -352,7 +372,8 @@ def flags():
                         help=f"SGD steps first (default {SGD_STEPS})")
     parser.add_argument("--adam-steps", type=bootstrap.nonneg_int, default=ADAM_STEPS,
                         help=f"then Adam steps (default {ADAM_STEPS})")
-    parser.add_argument("--dtype", choices=sorted(TOL), default="float64")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"weights and data's seed (default {SEED})")
     return parser
 
 
@@ -360,14 +381,14 @@ def main():
     args, ctx = bootstrap.start(__file__, flags())
     if args.sgd_steps + args.adam_steps == 0:
         ctx.fail("--sgd-steps and --adam-steps are both 0: nothing to train")
-    n, rank, dtype = ctx.world_size, ctx.rank, np.dtype(args.dtype)
-    xp = buffers.array_module(ctx)  # numpy, cupy or torch (one thread per rank)
-    dims, flats = layer_dims(args.sizes), init_flats(args.sizes, dtype)
-    x, t = (buffers.on_device(ctx, a) for a in make_data(args.sizes, args.batch, dtype))
+    n, rank, dtype, xp = ctx.world_size, ctx.rank, np.dtype(args.dtype), buffers.array_module(ctx)  # np, cupy, torch
+    dims, flats = layer_dims(args.sizes), init_flats(args.sizes, dtype, args.seed)
+    x, t = (buffers.on_device(ctx, a) for a in make_data(args.sizes, args.batch, dtype, args.seed))
     lo, hi = shards.chunk_bounds(args.batch, n)[rank]  # my slice of the global batch
     schedule = ([("sgd", LR_SGD, 0)] * args.sgd_steps
                 + [("adam", LR_ADAM, k + 1) for k in range(args.adam_steps)])
     mine = (flats, dims, x[lo:hi], t[lo:hi], args.batch, schedule)  # what every training but (b) takes
+    bound = oracle(ctx, args, flats, dims, schedule)                   # the budget of |dparam|, per parameter
 
     be, be_dp = counting.Counted(p2p.backend(ctx), n), counting.Counted(p2p.backend(ctx), n)  # (a)'s, (c)'s sends
     held, held_dp = new_held(), new_held()
@@ -380,20 +401,20 @@ def main():
     after_d = fsdp_train(ctx, xp, be_lib, ON_LIBRARY, *mine, new_held())[0]
     full_a = [gathered(ctx, a, flats) for a in trained[0]]
     row = results(ctx, args, dims, trained, full_a, after_b, after_c, gathered(ctx, after_d[-1], flats),
-                  (be, be_dp, be_lib), held, held_dp)
+                  (be, be_dp, be_lib), held, held_dp, bound)
 
     report.section(ctx, f"1. the shards: MLP {' -> '.join(map(str, args.sizes))}, {args.dtype}, {n} rank(s)")
     show.shards(ctx, dims, [layer_items(*d) for d in dims], trained[2], dtype.itemsize)
     report.section(ctx, f"2. {args.sgd_steps} SGD steps (lr {LR_SGD}), then {args.adam_steps} Adam "
                         f"steps (lr {LR_ADAM}), batch {args.batch}, {ctx.api} ({ctx.transport})")
-    show.equal(ctx, args, row, lib, TOL[args.dtype])                  # (a) = (b) = (c) = (d)
+    show.equal(ctx, args, row, lib)                                   # (a) = (b) = (c) = (d)
     report.section(ctx, "3. the ZeRO table: bytes each rank sends per step, and holds")
     largest = max(-(-layer_items(*d) // n) * n for d in dims) * dtype.itemsize  # the largest padded layer
     show.zero_table(ctx, row, params(args, dims, trained[2], n)["padded_bytes"], largest, lib)
     if ctx.api == "torch":
         report.section(ctx, "4. torch's own FSDP: fully_shard on the same model, weights and slices")
         theirs, items = torch_fsdp.train(ctx, *mine, unflatten, (B1, B2, EPS))
-        row.update(torch_vs_hand=max_diff(theirs, full_a[-1]), torch_items_held=items)
+        row.update(torch_items_held=items, **compare("torch_vs_hand", theirs, full_a[-1], bound))
         show.torch_fsdp(ctx, row)
     report.finish(ctx, row, params=params(args, dims, trained[2], n))
 

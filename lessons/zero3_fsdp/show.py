@@ -17,20 +17,26 @@ def shards(ctx, dims, items, sizes_held, itemsize):
           f"last shard of a layer\nends in its padding, zeros whose gradient is 0", flush=True)
 
 
-def equal(ctx, args, row, lib, tol):
-    """Section 2: max |dparam| between the four trainings, per rank (equal ranks once)."""
+def equal(ctx, args, row, lib):
+    """Section 2: max |dparam| between the four trainings, per rank (equal ranks once), and the worst
+    parameter's |dparam| / budget."""
     rows = ctx.comm.gather((ctx.rank, row["sgd_vs_single"], row["end_vs_single"], row["end_vs_dp"],
-                            row["dp_vs_single"], row["library_vs_single"]), root=0)
+                            row["dp_vs_single"], row["library_vs_single"],
+                            *(f"{row[k + '_ratio']:.2g}" for k in ("end_vs_single", "end_vs_dp", "library_vs_single"))),
+                           root=0)
     if ctx.rank:
         return
     print("(a) ZeRO-3 by hand  (b) one process, whole batch  (d) (a) on the library's collectives"
           "\n(c) data parallel: each layer's gradient all-reduced (reduce-scatter, then all-gather)")
-    rows = [(r[0], "-" if r[1] is None else r[1]) + tuple(r[2:]) for r in rows]  # no SGD steps: -
-    print(text.table(["rank", "SGD: |a-b|", "end: |a-b|", "end: |a-c|", "end: |c-b|", "end: |d-b|"],
-                     text.once(rows), align=[True] * 6))
-    print(f"max |dparam| after the {args.sgd_steps} SGD steps and at the end; tolerance "
-          f"{tol:g} ({args.dtype}):\nthe ring adds the ranks' partial sums in its own "
-          "order, not the single process's", flush=True)
+    rows = [(r[0], "-" if r[1] is None else f"{r[1]:.3g}") + tuple(f"{d:.3g}" for d in r[2:6]) + tuple(r[6:])
+            for r in rows]  # no SGD steps: -
+    print(text.table(["rank", "SGD: |a-b|", "end: |a-b|", "end: |a-c|", "end: |c-b|", "end: |d-b|",
+                      "a-b/budget", "a-c/budget", "d-b/budget"], text.once(rows), align=[True] * 9))
+    print(f"max |dparam| after the {args.sgd_steps} SGD steps and at the end; /budget: the worst "
+          "parameter's,\n<= 1 inside: the ring adds the ranks' partial sums in its own order, not "
+          "the single process's")
+    print(f"budget: parity per parameter, |H| feedback + Adam's slope, {args.dtype} (zero3_fsdp/budget.py)"
+          f"\n  largest {row['budget_max']:.2g}, median {row['budget_median']:.2g}", flush=True)
     print(f"(d) = (a)'s code on the library's calls: {lib.names['all_gather']}, "
           f"{lib.names['reduce_scatter']}")
     for op in ("all_gather", "reduce_scatter"):
@@ -92,13 +98,14 @@ def zero_table(ctx, row, padded_bytes, largest, lib):
 
 def torch_fsdp(ctx, row):
     """Section 4: how far torch's fully_shard ends from (a), and the items each rank holds."""
-    got = ctx.comm.gather((ctx.rank, row["torch_vs_hand"], sum(row["torch_items_held"]),
-                           row["torch_items_held"]), root=0)
+    got = ctx.comm.gather((ctx.rank, row["torch_vs_hand"], f"{row['torch_vs_hand_ratio']:.2g}",
+                           sum(row["torch_items_held"]), row["torch_items_held"]), root=0)
     if ctx.rank:
         return
-    print(text.table(["rank", "max |torch - a|", "items held", "per parameter (w, b, ...)"],
-                     text.once([(r, d, s, str(h)) for r, d, s, h in got]), align=[True, True, True, False]))
-    uneven = len({s for _, _, s, _ in got}) > 1
+    print(text.table(["rank", "max |torch - a|", "/budget", "items held", "per parameter (w, b, ...)"],
+                     text.once([(r, d, q, s, str(h)) for r, d, q, s, h in got]),
+                     align=[True, True, True, True, False]))
+    uneven = len({s for _, _, _, s, _ in got}) > 1
     print("fully_shard cuts each parameter tensor along its first dimension (rows of weight, "
           "items of bias),\nnot one flat vector per layer" + (
               ": here N does not divide some of them, so the ranks hold unequal parts"
