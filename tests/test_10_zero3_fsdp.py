@@ -1,12 +1,18 @@
 """Lesson 10's pure pieces, without MPI: the padded shards, the layer math its three trainings share
-(against finite differences), and the measured bytes held. The runs themselves are in test_lessons.py
+(against finite differences), and the measured bytes held; the budget (lessons/zero3_fsdp/budget.py)
+against a training in another dtype and in real runs. The runs themselves are in test_lessons.py
 and the wrong answers in tests/wrong_answers/10_zero3_fsdp.yaml."""
 import gc
+import json
+import math
+import types
 
 import numpy as np
 import pytest
 
-from common import bootstrap, text
+from common import bootstrap, text, tolerance
+from conftest import tutor
+from lessons.zero3_fsdp import budget
 
 ten = bootstrap.lesson_module("10")  # importing a lesson starts no MPI
 
@@ -83,3 +89,75 @@ def test_rows_equal_on_consecutive_ranks_print_once():
     assert text.once([(0, 1.0), (1, 1.0)]) == [("all", 1.0)]
     assert text.once([(0, 1, "a"), (1, 1, "a"), (2, 1, "a"), (3, 2, "b")]) == [("0-2", 1, "a"), (3, 2, "b")]
     assert text.once([(0, 1), (1, 2), (2, 1)]) == [(0, 1), (1, 2), (2, 1)]  # only neighbours merge
+
+
+ONE = types.SimpleNamespace(api="mpi4py", device="cpu", world_size=1)  # one process, NumPy, no MPI
+
+
+def small(dtype, seed, sgd=3, adam=3):
+    sizes = ten.widths(ten.SIZES)
+    dims, flats = ten.layer_dims(sizes), ten.init_flats(sizes, np.dtype(dtype), seed)
+    x, t = ten.make_data(sizes, ten.BATCH, np.dtype(dtype), seed)
+    schedule = [("sgd", ten.LR_SGD, 0)] * sgd + [("adam", ten.LR_ADAM, k + 1) for k in range(adam)]
+    return dims, flats, x, t, schedule
+
+
+def test_the_budgets_gradients_and_hessian_are_the_lessons():
+    dims, flats, x, t, _ = small("float64", 0)
+    flat = np.concatenate(flats)
+    h = budget.hessian(flat, dims, x, t, ten.BATCH)
+    assert np.allclose(h, h.T, atol=1e-7)
+    after = ten.reference_train(ONE, np, flats, dims, x, t, ten.BATCH, [("sgd", 1.0, 0)])[0]
+    assert np.allclose(flat - np.concatenate(after), budget.gradients(flat[None], dims, x, t, ten.BATCH)[0])
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 5])
+def test_adams_step_is_at_most_its_cap_whatever_the_gradients(steps):
+    rng = np.random.default_rng(steps)
+    g = rng.standard_normal((steps, 10000)) * rng.choice([1e-6, 1.0, 1e3], (steps, 10000))
+    m = sum((1 - ten.B1) * ten.B1 ** (steps - 1 - i) * g[i] for i in range(steps))
+    v = sum((1 - ten.B2) * ten.B2 ** (steps - 1 - i) * g[i] ** 2 for i in range(steps))
+    bias = math.sqrt(1 - ten.B2 ** steps) / (1 - ten.B1 ** steps)
+    assert (np.abs(m) / np.sqrt(v) * bias).max() <= budget.adam_cap(steps, ten.B1, ten.B2) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_float32_is_inside_half_the_budget_of_float64_and_a_wrong_step_is_not(seed):
+    """Each training is held within E = budget / 2 of exact arithmetic: one process in float32 against
+    float64 on the same float32 values (nearly exact) must be inside it, Adam's amplification too."""
+    dims, flats, x, t, schedule = small("float32", seed)
+    bound = budget.trajectory(flats, dims, x, t, ten.BATCH, schedule, "float32", 1, (ten.B1, ten.B2, ten.EPS))
+    narrow = ten.reference_train(ONE, np, flats, dims, x, t, ten.BATCH, schedule)[-1]
+    wide = ten.reference_train(ONE, np, [f.astype(np.float64) for f in flats], dims, x.astype(np.float64),
+                               t.astype(np.float64), ten.BATCH, schedule)[-1]
+    assert tolerance.worst_ratio(np.concatenate(narrow) - np.concatenate(wide), bound / 2) <= 1
+    dims, flats, x, t, schedule = small("float64", seed, 1, 1)
+    bound = budget.trajectory(flats, dims, x, t, ten.BATCH, schedule, "float64", 3, (ten.B1, ten.B2, ten.EPS))
+    right = ten.reference_train(ONE, np, flats, dims, x, t, ten.BATCH, schedule)[-1]
+    wrong = ten.reference_train(ONE, np, flats, dims, x, t, ten.BATCH, [("sgd", ten.LR_SGD / 3, 0)] + schedule[1:])[-1]
+    assert tolerance.worst_ratio(np.concatenate(right) - np.concatenate(wrong), bound) > 1   # a gradient / N
+
+
+def grade_runs(tmp_path, n, seeds):
+    keys = ("end_vs_single_ratio", "end_vs_dp_ratio", "library_vs_single_ratio")
+    for seed in seeds:
+        out = tmp_path / f"r{n}-{seed}.json"
+        done = tutor("run", "10", "-n", str(n), "--json", str(out), "--", "--seed", str(seed),
+                     "--dtype", ("float32", "float64")[seed % 2], timeout=300)
+        doc = json.loads(out.read_text())
+        assert done.returncode == 0 and doc["status"] == "pass", done.stdout[-2000:] + done.stderr
+        assert max(rank[k] for rank in doc["ranks"] for k in keys) <= 1
+
+
+@pytest.mark.slow  # 6 real runs: ~30 s of CPU on 2 cores
+@pytest.mark.parametrize("n", [2, 3])
+def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
+    grade_runs(tmp_path, n, range(3))
+
+
+@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("n", range(1, 9))
+def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n):
+    """The issue's bar (41): NP 1-8, 20 seeds each (float32 and float64 in turn)."""
+    grade_runs(tmp_path, n, range(20))
