@@ -6,6 +6,8 @@ under mpiexec.
 import atexit
 import importlib.machinery
 import importlib.util
+import json
+import math
 import os
 import shutil
 import signal
@@ -81,6 +83,42 @@ def tutor(*args, env=None, timeout=180):
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, TUTOR, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+class Worst(float):
+    """The worst budget ratio over a sweep's runs: a float that names the run that gave it when
+    printed, so a failing `assert worst <= 1` says which seed to rerun."""
+    def __new__(cls, value, where=""):
+        worst = super().__new__(cls, value)
+        worst.where = where
+        return worst
+
+    def __repr__(self):
+        return f"{float(self)!r} ({self.where})" if self.where else repr(float(self))
+
+
+def worst_over_seeds(tmp_path, lesson, n, seeds, worst_of, args=(), api="mpi4py", dtype=None,
+                     timeout=300):
+    """`bin/tutor run LESSON -n N --api API --json out -- ARGS --seed S --dtype D` for each seed S.
+    Every run must pass (the assertion names its seed, shows its output's tail); returns the worst
+    of worst_of(results JSON), one run's budget ratios (<= 1 inside), over all the runs, as a Worst.
+    dtype None: float32 and float64 in turn, by the seed's parity."""
+    worst, where = 0.0, ""
+    for seed in seeds:
+        kind = dtype or ("float32", "float64")[seed % 2]
+        out = tmp_path / f"r{lesson}-{n}-{api}-{seed}-{kind}.json"
+        done = tutor("run", lesson, "-n", str(n), "--api", api, "--json", str(out), "--", *args,
+                     "--seed", str(seed), "--dtype", kind, timeout=timeout)
+        doc = json.loads(out.read_text()) if out.exists() else {}
+        said = f"lesson {lesson}, NP {n}, {api}, seed {seed}, {kind}"
+        assert done.returncode == 0 and doc.get("status") == "pass", (
+            f"{said}: exit {done.returncode}, status {doc.get('status')}\n"
+            + done.stdout[-3000:] + done.stderr[-3000:])
+        ratio = float(worst_of(doc))
+        ratio = math.inf if math.isnan(ratio) else ratio  # NaN: outside any budget
+        if ratio > worst or not where:
+            worst, where = ratio, said
+    return Worst(worst, where)
 
 
 def dollar_line(output):

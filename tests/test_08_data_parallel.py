@@ -1,7 +1,6 @@
 """Lesson 08's pure parts, in one process: bucket packing, the uneven-shard loss arithmetic, and what
 lessons/data_parallel/show.py says of the overlap figures (no MPI)."""
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -10,7 +9,7 @@ import sys
 import pytest
 
 from common import bootstrap, shards
-from conftest import ROOT, load_lesson, tutor
+from conftest import ROOT, load_lesson, worst_over_seeds
 from lessons.data_parallel import budget, show
 
 PATH = os.path.join(ROOT, "lessons", "08_data_parallel.py")
@@ -127,23 +126,22 @@ def test_per_sample_abs_is_the_loop_over_rows_and_the_budget_tells_orders_from_a
 BUDGETED = ("a_vs_b_ratio", "a_vs_c_ratio", "c_vs_b_ratio", "exact_grad_ratio", "bucket_ratio", "overlap_ratio")
 
 
-def worst_over_seeds(tmp_path, n, seeds, dtype):
-    """Lesson 08 run at n ranks for each seed: every check passes; the worst budgeted ratio over them."""
-    worst = 0.0
-    for seed in seeds:
-        out = tmp_path / f"r{n}-{seed}-{dtype}.json"
-        done = tutor("run", "08", "-n", str(n), "--api", "mpi4py", "--json", str(out), "--", "--steps", "3",
-                     "--reps", "1", "--seed", str(seed), "--dtype", dtype, timeout=400)
-        doc = json.loads(out.read_text())
-        assert done.returncode == 0 and doc["status"] == "pass", (seed, done.stdout[-3000:] + done.stderr)
-        worst = max([worst] + [r[k] for r in doc["ranks"] for k in BUDGETED])
-    return worst
+def budgeted(doc):
+    """The worst budgeted ratio of one run, over its ranks."""
+    return max(r[k] for r in doc["ranks"] for k in BUDGETED)
+
+
+def worst_08(tmp_path, n, seeds, dtype):
+    """Lesson 08 at n ranks for each seed, with its YAML's --steps 3 --reps 1: every check passes;
+    the worst budgeted ratio over them."""
+    return worst_over_seeds(tmp_path, "08", n, seeds, budgeted, dtype=dtype, timeout=400,
+                            args=("--steps", "3", "--reps", "1"))
 
 
 @pytest.mark.torch
 @pytest.mark.parametrize("n", [3, 5])
 def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
-    assert worst_over_seeds(tmp_path, n, range(3), "float32") <= 1
+    assert worst_08(tmp_path, n, range(3), "float32") <= 1
 
 
 @pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
@@ -153,7 +151,7 @@ def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
 @pytest.mark.parametrize("n", range(1, 9))
 def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n, dtype):
     """The issue's bar (41): NP 1-8, 20 seeds each, both dtypes (minutes per NP on 2 cores)."""
-    assert worst_over_seeds(tmp_path, n, range(20), dtype) <= 1
+    assert worst_08(tmp_path, n, range(20), dtype) <= 1
 
 
 # ---- small helpers ----------------------------------------------------------------------------------

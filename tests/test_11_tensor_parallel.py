@@ -2,13 +2,11 @@
 differences), which every way and the one-process reference share, and the measured GeLU gap. The runs
 themselves are in test_lessons.py and the wrong answers in tests/wrong_answers/11_tensor_parallel.yaml;
 the budget (lessons/tensor_parallel/budget.py) against an evaluation in another dtype and in real runs."""
-import json
-
 import numpy as np
 import pytest
 
 from common import bootstrap, tolerance
-from conftest import tutor
+from conftest import worst_over_seeds
 from lessons.tensor_parallel import budget, show
 
 eleven = bootstrap.lesson_module("11")  # importing a lesson starts no MPI
@@ -96,17 +94,16 @@ def test_float32_is_inside_half_the_budget_of_exact_and_a_wrong_gradient_is_not(
     assert tolerance.worst_ratio(grads["dB"] * 1e-6, bound["dB"]) > 1   # one part in a million off
 
 
+def graded(doc):
+    """The worst of one run's budget ratios, over its ranks: each way's GRADED values, the library's
+    ratios and, in --api torch runs, those of torch's own tensor parallel."""
+    ways = [w[k] for rank in doc["ranks"] for w in rank["ways"] for k in eleven.GRADED]
+    return max(ways + [w["ratio"] for rank in doc["ranks"]
+                       for w in rank["library"] + rank.get("torch_api", [])])
+
+
 def grade_runs(tmp_path, n, seeds, api="mpi4py"):
-    keys = [*eleven.GRADED]
-    for seed in seeds:
-        out = tmp_path / f"r{n}-{seed}.json"
-        done = tutor("run", "11", "-n", str(n), "--api", api, "--json", str(out), "--", "--seed", str(seed),
-                     "--dtype", ("float32", "float64")[seed % 2], timeout=300)
-        doc = json.loads(out.read_text())
-        assert done.returncode == 0 and doc["status"] == "pass", done.stdout[-2000:] + done.stderr
-        worst = max([w[k] for rank in doc["ranks"] for w in rank["ways"] for k in keys]
-                    + [w["ratio"] for rank in doc["ranks"] for w in rank["library"] + rank.get("torch_api", [])])
-        assert worst <= 1
+    assert worst_over_seeds(tmp_path, "11", n, seeds, graded, api=api) <= 1
 
 
 @pytest.mark.slow  # 6 real runs: ~20 s of CPU on 2 cores
