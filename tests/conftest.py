@@ -85,6 +85,13 @@ def tutor(*args, env=None, timeout=180):
                           timeout=timeout, env=full_env)
 
 
+def check_nps(lesson):
+    """The NPs `bin/tutor check` runs a lesson at: its YAML's np.check, as common/runner/catalog.py
+    reads it from lessons/ (never $TUTOR_LESSONS)."""
+    from common.runner import catalog
+    return catalog.resolve(lesson, os.path.join(ROOT, "lessons")).meta["np"]["check"]
+
+
 class Worst(float):
     """The worst budget ratio over a sweep's runs: a float that names the run that gave it when
     printed, so a failing `assert worst <= 1` says which seed to rerun."""

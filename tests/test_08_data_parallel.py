@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from common import bootstrap, shards
-from conftest import ROOT, load_lesson, worst_over_seeds
+from conftest import ROOT, check_nps, load_lesson, worst_over_seeds
 from lessons.data_parallel import budget, show
 
 PATH = os.path.join(ROOT, "lessons", "08_data_parallel.py")
@@ -144,13 +144,14 @@ def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
     assert worst_08(tmp_path, n, range(3), "float32") <= 1
 
 
-@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
+@pytest.mark.sweep  # the check NPs x 20 seeds: minutes an NP; pytest -m sweep
 @pytest.mark.torch
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("n", check_nps("08"))
 def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n, dtype):
-    """The issue's bar (41): NP 1-8, 20 seeds each, both dtypes (minutes per NP on 2 cores)."""
+    """The issue's bar (41): the NPs `bin/tutor check` runs (the YAML's np.check), 20 seeds each,
+    both dtypes (minutes per NP on 2 cores)."""
     assert worst_08(tmp_path, n, range(20), dtype) <= 1
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common import bootstrap, tolerance
-from conftest import worst_over_seeds
+from conftest import check_nps, worst_over_seeds
 from lessons.tensor_parallel import budget, show
 
 eleven = bootstrap.lesson_module("11")  # importing a lesson starts no MPI
@@ -112,9 +112,10 @@ def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
     grade_runs(tmp_path, n, range(3))
 
 
-@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
+@pytest.mark.sweep  # the check NPs x 20 seeds: minutes an NP; pytest -m sweep
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("n", check_nps("11"))
 def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n):
-    """The issue's bar (41): NP 1-8, 20 seeds each (float32 and float64 in turn)."""
+    """The issue's bar (41): the NPs `bin/tutor check` runs (the YAML's np.check), 20 seeds each
+    (float32 and float64 in turn)."""
     grade_runs(tmp_path, n, range(20))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common import shards, tolerance
-from conftest import load_lesson, worst_over_seeds
+from conftest import check_nps, load_lesson, worst_over_seeds
 from lessons.pipeline_parallel import budget, schedules as ps, show
 
 twelve = load_lesson("12_pipeline_parallel.py")  # importing a lesson starts no MPI
@@ -256,9 +256,10 @@ def test_correct_runs_stay_inside_the_budget_for_3_seeds(tmp_path, n):
     grade_runs(tmp_path, n, range(3))
 
 
-@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
+@pytest.mark.sweep  # the check NPs x 20 seeds: minutes an NP; pytest -m sweep
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("n", check_nps("12"))
 def test_correct_runs_stay_inside_the_budget_for_20_seeds(tmp_path, n):
-    """The issue's bar (41): NP 1-8, 20 seeds each (float32 and float64 in turn)."""
+    """The issue's bar (41): the NPs `bin/tutor check` runs (the YAML's np.check), 20 seeds each
+    (float32 and float64 in turn)."""
     grade_runs(tmp_path, n, range(20))
