@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common import bootstrap, collectives, counting, tolerance
-from conftest import tutor
+from conftest import check_nps, tutor
 from lessons.reduce_scatter_alltoall import budget, show
 
 nine = bootstrap.lesson_module("09")
@@ -158,11 +158,12 @@ def test_correct_runs_stay_inside_the_moe_budget_for_3_seeds(tmp_path, n):
         assert max(r["moe"]["moe_ratio"] for r in doc["ranks"]) <= 1
 
 
-@pytest.mark.sweep  # NP 1-8 x 20 seeds: tens of minutes; pytest -m sweep
+@pytest.mark.sweep  # the check NPs x 20 seeds: minutes an NP; pytest -m sweep
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("n", check_nps("09"))
 def test_correct_runs_stay_inside_the_moe_budget_for_20_seeds(tmp_path, n):
-    """The issue's bar (41): NP 1-8, 20 seeds each, the default sizes but the race."""
+    """The issue's bar (41): the NPs `bin/tutor check` runs (the YAML's np.check), 20 seeds each,
+    the default sizes but the race."""
     for seed in range(20):
         out = tmp_path / f"r{seed}.json"
         done = tutor("run", "09", "-n", str(n), "--json", str(out), "--", "--no-race", "--seed", str(seed),
