@@ -164,10 +164,27 @@ def lesson_sources(py_path):
     return [py_path] + own
 
 
+_READ = {}  # {(path, mtime_ns, size) of each source: Known}: a lesson's sources parsed once a process
+
+
 def reported_names(py_path):
     """Known names from the lesson's source, its own modules' too (a results row may be built there):
     string keys and keyword names of dicts, keys it assigns, its flags' dests. Only ALWAYS when there
-    is no page to read."""
+    is no page to read. Read again only when a source changed (a test resolves a lesson per case)."""
+    stamp = []
+    for path in lesson_sources(py_path):
+        try:
+            st = os.stat(path)
+            stamp.append((path, st.st_mtime_ns, st.st_size))
+        except OSError:
+            stamp.append((path, None, None))
+    stamp = tuple(stamp)
+    if stamp not in _READ:
+        _READ[stamp] = _read_names(py_path)
+    return _READ[stamp]
+
+
+def _read_names(py_path):
     trees = []
     for path in lesson_sources(py_path):
         try:
