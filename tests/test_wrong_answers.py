@@ -31,6 +31,10 @@ tests/wrong_answers/gpu_double.yaml holds bugs planted in the lessons' CuPy + NC
 double (tests/gpu_double): each case names its `lesson: "NN"` and may say `hangs: why` (the run must hit
 its `timeout:`, as a real NCCL deadlock would) instead of fails / crashes.
 
+`make test` runs the first case of each exercise region (of each `file:`, of the page's `replace:`
+cases), so every region's grading is exercised on every run; the rest of the catalogue is marked slow
+and runs in `make test-torch` (CI runs both).
+
 A check no wrong answer can fail is not a check; a correct variant that fails is a check too strict.
 test_every_check_can_fail holds each lesson to that: each check of its YAML is named by some case's
 `fails:`, or listed in CANNOT_FAIL with the reason no learner mistake can fail it.
@@ -72,20 +76,26 @@ def edit(source, case, where):
 
 
 def _cases():
-    cases = []
+    cases, seen, resolved = [], set(), {}
     for name in sorted(os.listdir(FOLDER)) if os.path.isdir(FOLDER) else []:
         if not name.endswith(".yaml"):
             continue
         with open(os.path.join(FOLDER, name)) as f:
-            for i, case in enumerate(yaml.safe_load(f) or []):
+            for i, case in enumerate(yaml.load(f, Loader=catalog.LOADER) or []):
                 lid = str(case["lesson"]) if name == GPU_FILE else name.split("_")[0]
-                lesson = catalog.resolve(lid, os.path.join(ROOT, "lessons"))
+                if lid not in resolved:
+                    resolved[lid] = catalog.resolve(lid, os.path.join(ROOT, "lessons"))
+                lesson = resolved[lid]
                 fails = failed_names(case)
                 verdict = (fails and fails[0] + (f" +{len(fails) - 1}" if len(fails) > 1 else "")
                            or case.get("crashes") or case.get("hangs") and "hangs" or "passes")
                 tag = f"{'gpu-' if name == GPU_FILE else ''}{lesson.id}-{i}-{verdict}"
-                cases.append(pytest.param(lesson, case, id=tag[:90],
-                                          marks=torch_marks(lesson.name, case.get("api", "mpi4py"))))
+                marks = list(torch_marks(lesson.name, case.get("api", "mpi4py")))
+                where = (name, case.get("region") or case.get("file") or "page")
+                if where in seen:  # make test runs each region's first case; the rest: make test-torch
+                    marks.append(pytest.mark.slow)
+                seen.add(where)
+                cases.append(pytest.param(lesson, case, id=tag[:90], marks=marks))
     return cases
 
 
