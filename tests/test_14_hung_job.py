@@ -346,3 +346,24 @@ def test_why_reads_a_damaged_record_in_one_line(damage, tmp_path):
     lines = (said.stdout + said.stderr).strip().splitlines()  # one line, wrapped where the path is long
     assert lines[0].startswith("tutor: the last run's record ") and "last-why.json" in lines[-1], lines
     assert len(lines) <= 2 and all(len(line) <= 100 for line in lines), lines
+
+
+def test_a_rank_waiting_for_a_core_is_not_called_stuck(monkeypatch):
+    """The runner ends a planted hang once every rank waited stuck_s in a call, nothing moving; a
+    runnable rank that had no CPU meanwhile (4 busy-waiting ranks on 2 cores, a loaded machine) may be
+    about to get its message: the run goes on until each rank had a share of a core or sleeps."""
+    from common.runner import flightwatch
+    snap = {r: ({"writes": 5}, [flight_entry(5, state="started")]) for r in range(3)}
+    monkeypatch.setattr(flightwatch, "read", lambda run_dir: snap)
+    monkeypatch.setattr(flightwatch, "planted", lambda run_dir: {"np": 3, "stuck_s": 1.0})
+    cpu = {0: (1.0, "R"), 1: (1.0, "S"), 2: (1.0, "R")}
+    watch = flightwatch.Watch("run", cpu=lambda run_dir: dict(cpu))
+    assert not watch.poll(0.0)                       # the records stop moving here
+    cpu.update({0: (1.6, "R"), 1: (1.0, "S"), 2: (1.05, "R")})  # rank 2 runnable, 0.05 s of CPU
+    assert not watch.poll(1.5)
+    cpu[2] = (1.2, "R")                              # it had its share and still waits: stuck
+    assert watch.poll(2.0) and watch.early == 2.0
+    moving = flightwatch.Watch("run", cpu=lambda run_dir: {r: (1.0, "S") for r in range(3)})  # asleep
+    assert not moving.poll(0.0)
+    snap[1] = ({"writes": 6}, [flight_entry(6, state="started")])  # a record moved: the clock restarts
+    assert not moving.poll(1.5) and not moving.poll(2.0) and moving.poll(2.5)

@@ -14,7 +14,10 @@ import types
 
 from common import flight
 from common.plumbing import run_folder
+from common.runner import rank_processes
 from common.runner.diagnose import diagnose, stuck
+
+STARVED = 0.1  # s of CPU: a busy-waiting rank that had this long and saw no message is waiting on a peer
 
 
 def read(run_dir):
@@ -49,25 +52,34 @@ class Watch:
     """The runner's eye on a run's records: ends a run that planted a fault once every rank has waited
     in a call, nothing moving, for its stuck_s (poll); diagnoses every run it watched (finish)."""
 
-    def __init__(self, run_dir):
+    def __init__(self, run_dir, cpu=rank_processes.cpu_and_state):
         self.run_dir, self.fault, self.last, self.since, self.early = run_dir, None, None, None, None
         self.first = None  # the records when the run was about to be ended (before)
+        self.cpu, self.cpu_since = cpu, {}
 
     def poll(self, seconds):
-        """True when the run should be ended now: stuck as a planted fault makes it."""
+        """True when the run should be ended now: stuck as a planted fault makes it. A rank that is
+        runnable but got under STARVED s of CPU since the records stopped may be waiting for a core
+        (more ranks than cores, a busy machine), not for a peer: the run goes on until it had it."""
         if self.fault is None:
             self.fault = planted(self.run_dir) or None
         if not self.fault or not self.fault.get("stuck_s"):
             return False
         snap = read(self.run_dir)
         sig = {r: h["writes"] for r, (h, _) in snap.items()}
-        if not stuck(snap, self.fault["np"]) or sig != self.last:
+        still = stuck(snap, self.fault["np"])
+        if not still or sig != self.last:
             self.last, self.since = sig, seconds
+            self.cpu_since = self.cpu(self.run_dir) if still else {}
             return False
-        if seconds - self.since >= self.fault["stuck_s"]:
-            self.early = seconds - self.since
-            return True
-        return False
+        if seconds - self.since < self.fault["stuck_s"]:
+            return False
+        now = self.cpu(self.run_dir)
+        if any(state == "R" and used - self.cpu_since.get(r, (used,))[0] < STARVED
+               for r, (used, state) in now.items()):
+            return False
+        self.early = seconds - self.since
+        return True
 
     def before(self):
         self.first = read(self.run_dir)

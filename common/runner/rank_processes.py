@@ -136,6 +136,18 @@ def _alive(pid):
     return bool(fields) and fields[0] not in ("Z", "X")
 
 
+def cpu_and_state(run_dir):
+    """{rank: (CPU seconds so far, state letter)} of the run's ranks this machine can see (/proc): a
+    rank on another node, or gone, is left out."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for rank, pid in rank_pids(run_dir).items():
+        fields = _stat(pid) if _ours(pid, run_dir) else None
+        if fields and len(fields) > 12:
+            found[rank] = ((int(fields[11]) + int(fields[12])) / tick, fields[0])
+    return found
+
+
 def _stat(pid):
     """/proc/PID/stat after the command name: [state, ppid, ...]; None if the process is gone."""
     try:
