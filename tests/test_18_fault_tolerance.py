@@ -4,6 +4,7 @@ runs where the lesson's own check grid does not reach (the last rank killed; Ope
 The contract elsewhere stays: a dead rank ends every rank. Only a lesson whose YAML says
 expects_death gets the launcher's flags that let the others live, and a run counts as passed only
 when the one rank that did not exit 0 is the rank the lesson says it killed."""
+import json
 import os
 import signal
 import sys
@@ -200,3 +201,17 @@ def test_a_second_failed_call_is_said_and_kept(capsys):
     said = capsys.readouterr().out
     assert "rank 1 failed again in step 2 (gloo: timed out, 10012 ms into the call, in a world of 2)" in said
     assert max(map(len, said.splitlines())) <= 100, said
+
+
+def test_a_blocked_mpi_path_says_why_once(tmp_path):
+    """Where the MPI lacks ULFM (MPICH), `bin/tutor run 18 --api mpi4py` is blocked: the lesson's own
+    line says why, the last line says BLOCKED, and nothing says the reason twice; the JSON keeps it."""
+    from conftest import tutor
+    out = tmp_path / "r.json"
+    done = tutor("run", "18", "-n", "2", "--api", "mpi4py", "--json", str(out), timeout=120)
+    if done.returncode != verdict.EXIT["blocked"]:
+        pytest.skip(f"not blocked here (exit {done.returncode}): this MPI has ULFM")
+    said = (done.stdout + done.stderr).splitlines()
+    assert sum("needs ULFM" in line for line in said) == 1, said
+    assert said[-1].startswith("BLOCKED  18_fault_tolerance") and "needs ULFM" not in said[-1], said
+    assert "needs ULFM" in " ".join(json.loads(out.read_text())["why"])

@@ -76,9 +76,10 @@ def run(lesson, np, api, device, json_path, timeout, force, mine, args, lesson_a
         raise Interrupted(why + keep(), outcome.rc)
     if checks:
         echo("\n" + checktable.checks_table(checks))
-    for line in why:
+    told = [] if verdict.said_above(outcome, checks) else why  # the JSON keeps why all the same
+    for line in told:
         echo(fit(line), err=True)
-    echo(verdict.summary(status, f"{lesson.name}  np={n} api={api}  ({outcome.seconds:.1f} s)", why))
+    echo(verdict.summary(status, f"{lesson.name}  np={n} api={api}  ({outcome.seconds:.1f} s)", told))
     for line in practice.after_run(lesson, status, n, api, device, mine, lesson_args):
         echo(fit(line, indent="    "), err=status != "pass")
     unsaved = keep()

@@ -145,6 +145,13 @@ _SAYS_WHY = re.compile(r"error|abort|fatal|fail|cannot|can't|unable|not found|no
                        r"denied|invalid|killed", re.I)
 
 
+def said_above(outcome, checks):
+    """True for a blocked run whose reason the lesson's own line already printed, word for word, and
+    that has nothing to add (a GPU's blocked run adds where to look): the runner does not say it again."""
+    return bool(status(outcome, checks) == "blocked" and outcome.blocked and "GPU" not in outcome.blocked
+                and any(outcome.blocked in line for line in outcome.tail))
+
+
 def summary(verdict, head, why, width=WIDTH):
     """The run's last line: the status, what ran, and, when it did not pass, why, in a few words."""
     line = f"{verdict.upper()}  {head}"
