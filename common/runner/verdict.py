@@ -111,7 +111,7 @@ def explain(lesson, outcome, checks):
               for ranks, e in by_message(echoes)]
     if outcome.rc != 0 and not (outcome.launcher or killed or outcome.errors):
         last = last_said(outcome.tail)
-        if outcome.blocked and refused(outcome, checks) and "GPU" not in outcome.blocked:
+        if blocked_not_gpu(outcome, checks):
             return [f"blocked: {outcome.blocked}"]  # not a GPU (lesson 18's ULFM): its own line
         if outcome.blocked and refused(outcome, checks):  # ctx.fail(blocked=True): its line said why
             return ["blocked: the lesson needs a usable GPU on every rank (its line above says what is "
@@ -145,11 +145,16 @@ _SAYS_WHY = re.compile(r"error|abort|fatal|fail|cannot|can't|unable|not found|no
                        r"denied|invalid|killed", re.I)
 
 
+def blocked_not_gpu(outcome, checks):
+    """The lesson refused to run for want of something other than a GPU (lesson 18's ULFM)."""
+    return bool(outcome.blocked and refused(outcome, checks) and "GPU" not in outcome.blocked)
+
+
 def said_above(outcome, checks):
     """True for a blocked run whose reason the lesson's own line already printed, word for word, and
     that has nothing to add (a GPU's blocked run adds where to look): the runner does not say it again."""
-    return bool(status(outcome, checks) == "blocked" and outcome.blocked and "GPU" not in outcome.blocked
-                and any(outcome.blocked in line for line in outcome.tail))
+    return (status(outcome, checks) == "blocked" and blocked_not_gpu(outcome, checks)
+            and any(outcome.blocked in line for line in outcome.tail))
 
 
 def summary(verdict, head, why, width=WIDTH):
