@@ -7,8 +7,10 @@ alpha-beta formulas, and the published figures the prices are checked against.
     two_level(cluster, nbytes, calls)  the hierarchy: reduce-scatter in the node, all-reduce across, all-gather
     nccl_times(cluster, nbytes, nvls)  NCCL's ring, tree, NVLS, NVLS tree, each its own alpha-beta price
     pick(times)                     what NCCL's tuner runs: the least priced time
-    price(figure)                   busbw of each algorithm (common/bandwidth.py's, nccl-tests'), NCCL's pick
+    price(figure)                   busbw of each algorithm at the rate the links run, NCCL's pick (from its
+                                    own link table: tuner_intra), and each one's busbw as the table prices it
     FIGURES, MISSES                 published all-reduce busbw, each with its address and the phrase read
+    SOURCE_ROWS                     the published figures an efficiency was read from, shown, not checked
 
 Every number below was read at the address beside it (the results JSON keeps each); nothing here
 is fitted to the figures it is checked against: an efficiency per kind of link, each cited.
@@ -44,6 +46,13 @@ LINKS = {
                          what="NVLink 3 capped (A800)",
                          source="https://tweakers.net/nieuws/203182/nvidia-introduceert-a800-gpu-voor-china-"
                                 "die-niet-onder-exportrestricties-vs-valt.html"),
+    # nccl#1221's own H100 nodes, measured: "330GB" busbw of one node's ring (NVLS off), where NCCL's table
+    # prices 370.8 (18 NVLinks x 20.6): these links run at 330 of 450 GB/s. NCCL's tuner still prices
+    # them from its table (tuner_intra below): what a node measures does not move NCCL's pick
+    "nvlink4_1221": dict(GBps=900 / 2, alpha_us=3.4, eff=330 / 450, kind="nvlink",
+                         eff_source="https://github.com/NVIDIA/nccl/issues/1221",
+                         what="NVLink 4, nccl#1221's nodes, measured",
+                         source="https://glennklockwood.com/garden/processors/h100"),
     # a NIC's Gb/s is each way, as NCCL's maintainers read it
     "ndr": dict(GBps=400 / 8, alpha_us=14.0, eff=NIC_EFF, eff_source=NIC_SOURCE, kind="nic",
                 what="InfiniBand NDR / 400GbE (ConnectX-7)",
@@ -180,36 +189,53 @@ def pick(times):
     return min(times, key=times.get)
 
 
-def price(row, links=None):
-    """{algorithm: busbw GB/s} of one figure's row (per NIC where the figure is per NIC), and NCCL's pick."""
-    c = Cluster(row["gpus_per_node"], row["nodes"], row["intra"], row["nic"], row["nics_per_node"], links)
+def priced(row, intra, links=None):
+    """({algorithm: busbw GB/s}, {algorithm: seconds}) of one figure's row with its GPUs' links of class
+    `intra`; busbw per NIC where the figure is per NIC (common/bandwidth.py's busbw, nccl-tests')."""
+    c = Cluster(row["gpus_per_node"], row["nodes"], intra, row["nic"], row["nics_per_node"], links)
     times = nccl_times(c, row["size"], row["nvls"])
     per = row["nics_per_node"] if row["per_nic"] else 1
-    chosen = row["forced"] or pick(times)  # a run held to one algorithm (NCCL_ALGO) runs that one
-    return {a: bandwidth.busbw("allreduce", row["size"], s, c.n) / per for a, s in times.items()}, chosen
+    return {a: bandwidth.busbw("allreduce", row["size"], s, c.n) / per for a, s in times.items()}, times
+
+
+def price(row, links=None):
+    """What one figure's cluster runs: ({algorithm: busbw} at the rate its links run, NCCL's pick,
+    {algorithm: busbw} as NCCL's tuner prices them). The tuner prices NVLink from its own table
+    (tuner_intra), so a node that runs slower than the table (nccl#1221's) gets the table's pick, at its
+    own rate; a run held to one algorithm (NCCL_ALGO) runs that one."""
+    (runs, node_times), (tuner, times) = (priced(row, intra, links) for intra in (row["intra"], row["tuner_intra"]))
+    return runs, row["forced"] or pick(times), tuner
 
 
 def reported(row):
     """One figure as the results JSON keeps it: the cluster's shape and raw link specs (the runner prices
-    again from them), every algorithm's busbw (0 where the cluster has none), NCCL's pick, the published
-    figure and where it was read."""
+    again from them), NCCL's pick, the published figure and where it was read; views: every algorithm's
+    busbw (0 where the cluster has none) at the rate the links run ('runs') and at NCCL's table's
+    ('tuner'), each with its NVLink efficiency and its busbw of the pick."""
     intra, nic = LINKS[row["intra"]], LINKS[row["nic"]]
-    bw, algo = price(row)
+    runs, algo, tuner = price(row)
     out = {k: row[k] for k in ("label", "gpus_per_node", "nodes", "nics_per_node", "per_nic", "size", "nvls",
-                               "forced", "published", "source", "phrase", "why")}
-    out.update(intra_GBps=intra["GBps"], nic_GBps=nic["GBps"], eff_intra=intra["eff"], eff_nic=nic["eff"],
-               alpha_intra_us=intra["alpha_us"], alpha_nic_us=nic["alpha_us"], algo=algo, predicted=bw[algo],
-               ratio=bw[algo] / row["published"], **{f"{a}_bw": bw.get(a, 0.0) for a in ALGOS})
+                               "forced", "published", "source", "phrase", "why", "node_ring_GBps")}
+    views = [dict(view=name, eff_intra=LINKS[link]["eff"], algo_bw=bw[algo],
+                  **{f"{a}_bw": bw.get(a, 0.0) for a in ALGOS})
+             for name, link, bw in (("runs", row["intra"], runs), ("tuner", row["tuner_intra"], tuner))]
+    out.update(intra_GBps=intra["GBps"], tuner_eff_intra=LINKS[row["tuner_intra"]]["eff"], nic_GBps=nic["GBps"],
+               eff_nic=nic["eff"], alpha_intra_us=intra["alpha_us"],
+               alpha_nic_us=nic["alpha_us"], algo=algo, predicted=runs[algo], ratio=runs[algo] / row["published"],
+               views=views)
     return out
 
 
 def _fig(label, gpn, nodes, intra, nic, nics, published, source, phrase, size=8 << 30, per_nic=False,
-         nvls=False, forced="", why=""):
+         nvls=False, forced="", why="", tuner_intra=None, node_ring_GBps=0.0):
     """nvls: the node's switch has NVLink SHARP; forced: the algorithm the run was held to (NCCL_ALGO),
-    else NCCL chose; why: for a miss, the reason a learner can check at the source."""
+    else NCCL chose; why: for a miss, the reason a learner can check at the source; tuner_intra: the link
+    class NCCL's tuner prices the GPUs' links as (its table), where they run slower (node_ring_GBps: the
+    source's own one-node ring busbw they were measured at)."""
     return dict(label=label, gpus_per_node=gpn, nodes=nodes, intra=intra, nic=nic, nics_per_node=nics,
                 size=size, per_nic=int(per_nic), nvls=int(nvls), forced=forced, published=published,
-                source=source, phrase=phrase, why=why)
+                source=source, phrase=phrase, why=why, tuner_intra=tuner_intra or intra,
+                node_ring_GBps=node_ring_GBps)
 
 
 # all-reduce busbw (GB/s) published for real machines: NCCL's maintainers, or users' nccl-tests output
@@ -239,21 +265,25 @@ FIGURES = [
          "https://github.com/NVIDIA/nccl-tests/issues/319",
          "aggregated to achieve up to ~396GB/s with the RING protocol", nvls=True, forced="ring"),
 ]
-# the NIC efficiency's own source, shown and not checked: 4 x 24 GB/s
+# an efficiency's own source, shown and not checked: the NIC's (4 x 24 GB/s), nccl#1221's nodes' NVLink
+ROCE = "https://github.com/NVIDIA/nccl/issues/1221"
+ROCE_PHRASE = "the bus BW will upgraded from 330GB to 430GB"  # its 1 or 2 nodes, NVLS off, then on
 SOURCE_ROWS = [
     _fig("3 x 8 A100, 4 HDR NICs a node", 8, 3, "nvlink3", "hdr", 4, 96,
          "https://github.com/NVIDIA/nccl-tests/issues/119",
          "24GB/s is the peak performance per 200G NIC (12 GB/s for 100G NICs), so in your case 96GB/s is "
          "the target"),
+    _fig("1 x 8 H100, nccl#1221's node, NVLS off", 8, 1, "nvlink4_1221", "ndr", 8, 330, ROCE, ROCE_PHRASE,
+         tuner_intra="nvlink4", node_ring_GBps=330),
 ]
-# what the model misses, each with the reason the source itself gives
-MISSES = [
-    _fig("4 x 8 H100, 8 x 400G RoCE", 8, 4, "nvlink4", "ndr", 8, 320, "https://github.com/NVIDIA/nccl/issues/1221",
-         "same busbw 320GB", nvls=True,
-         why="the same post reports 330 GB/s on one or two of these nodes without NVLS, where NCCL "
-             "prices 370.8 (18 NVLinks x 20.6): these nodes run about 11% under NCCL's NVLink rate, "
-             "which no link spec shows"),
+# nccl#1221's 8 x H100 nodes, 8 x 400G RoCE NICs each: NCCL's pick from its own table, at their links' rate
+FIGURES += [
+    _fig(f"{m} x 8 H100, 8 x 400G RoCE{', NVLS' * nvls}", 8, m, "nvlink4_1221", "ndr", 8, publ, ROCE, phrase,
+         nvls=nvls, tuner_intra="nvlink4", node_ring_GBps=330)
+    for m, nvls, publ, phrase in ((1, True, 430, ROCE_PHRASE), (2, False, 330, ROCE_PHRASE),
+                                  (2, True, 430, ROCE_PHRASE), (4, True, 320, "same busbw 320GB"))
 ]
+MISSES = []  # what the model misses, each with the reason the source itself gives
 # cloud vendors' and users' published runs (nccl-tests busbw, in-place, at the largest size they ran)
 AZURE = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/"
 P5 = "https://github.com/crazyguitar/aws-gpu-communication-benchmark/blob/main/data/nccl_all_reduce.csv"
@@ -273,6 +303,6 @@ MISSES += [
     _fig("32 x 8 H100, AWS p5, 32 EFA", 8, 32, "nvlink4", "efa", 32, 321.10, P5,
          "32,256,8192,1000,false,161.18,321.10", nvls=True,
          why="the same file shows this run still climbing at its largest size (302.81 GB/s at 4096 MB, "
-             "321.10 at 8192), where its 4- and 8-node runs had levelled off at 351-357 by 4096 MB: "
-             "8 GB is not yet this run's peak"),
+             "321.10 at 8192), where its 4- and 8-node runs had levelled off at 351-357 by 4096 MB and its "
+             "16-node run climbed one size later (306 to 356): 8 GB is not this run's peak"),
 ]

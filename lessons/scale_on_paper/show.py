@@ -40,12 +40,18 @@ ALGO_WHY = {"ring": "2(n-1)/n of the buffer over the slowest link class",
             "nvls_tree": "NVLS in the node, a tree across nodes, under NCCL's cap a channel"}
 
 
+def _view(f, name):
+    return next(v for v in f["views"] if v["view"] == name)
+
+
 def _why(f):
-    """Why this algorithm: held to it by NCCL_ALGO, or the least priced time among those the cluster has."""
+    """Why this algorithm: held to it by NCCL_ALGO, or the least time NCCL's tuner prices (from its own
+    link table) among those the cluster has; the next best beside it."""
     if f["forced"]:
         return f"held to {f['forced']}"
-    others = [(f[a + "_bw"], a) for a in links.ALGOS if f[a + "_bw"] and a != f["algo"]]
-    return "> {1} {0:.0f}".format(*max(others)) if others else ""  # the next best
+    tuner = _view(f, "tuner")
+    others = [(tuner[a + "_bw"], a) for a in links.ALGOS if tuner[a + "_bw"] and a != f["algo"]]
+    return "> {1} {0:.0f}".format(*max(others)) if others else ""
 
 
 def _rows(rows):
@@ -63,9 +69,19 @@ def figures(rows, misses, sources=()):
         "every one's busbw):")
     for algo, why in ALGO_WHY.items():
         print(f"  {algo:9s} {why}")
+    slow = [f for f in rows if f["node_ring_GBps"]]
+    if slow:  # nodes whose NVLink runs under NCCL's table: its pick, priced at their own rate
+        f, lost = min(slow, key=lambda g: g["nodes"]), [f for f in slow if _view(f, "runs")["algo_bw"] < max(
+            _view(f, "runs")[a + "_bw"] for a in links.ALGOS)]
+        say(f"{issue(f['source'])}'s nodes run their ring at {f['node_ring_GBps']:g} GB/s on one node, where NCCL's "
+            f"table prices {_view(f, 'tuner')['ring_bw']:.0f}: NCCL picks from its table, the nodes run at their "
+            "own rate" + "".join(f"; on {g['nodes']} nodes the table's {g['algo']} runs {g['predicted']:.0f}, "
+                                 "where " + "{1} would run {0:.0f}".format(*max(
+                                     (_view(g, "runs")[a + "_bw"], a) for a in links.ALGOS)) for g in lost))
     for f in sources:
-        say(f"not a check: {f['label']}, {f['published']} GB/s ({issue(f['source'])}) is the NIC "
-            f"efficiency's own source (the model gives {f['predicted']:.1f})")
+        of = "these nodes' NVLink rate" if f["node_ring_GBps"] else "the NIC efficiency"
+        say(f"not a check: {f['label']}, {f['published']} GB/s ({issue(f['source'])}) is {of}'s own source "
+            f"(the model gives {f['predicted']:.1f})")
     if misses:
         print("\nwhat the model misses, and why (read it at the source):")
         print(text.table(head, _rows(misses), align=align))
