@@ -116,22 +116,22 @@ def step_figures():
 
 
 def paper(ctx, args, classes, yours):
-    """Sections 1-3, one process's arithmetic: figures, misses, step rows, published steps, dry runs."""
-    figures, misses = [links.reported(f) for f in links.FIGURES], [links.reported(f) for f in links.MISSES]
+    """Sections 1-3, one process's arithmetic: figures (misses too), step rows, published steps, dry runs."""
+    figures = [links.reported(f) for f in links.FIGURES + links.MISSES]  # a miss: its `why` said
     steps, refused = step_rows(args, classes)
     stepped = step_figures()
     counted = {name: dry.dry_run(shape, DRY_WORLD) for name, shape in step.SHAPES.items()}
     if ctx.rank == 0:
         report.section(ctx, "1. a cluster from its data sheet, against published all-reduce busbw")
         show.link_classes(classes)
-        show.figures(figures, misses, [links.reported(f) for f in links.SOURCE_ROWS])
+        show.figures(figures, [links.reported(f) for f in links.SOURCE_ROWS])
         report.section(ctx, "2. a training step at scale, on paper" +
                        (" (your cluster)" if yours else " (8 x H100 a node, 8 x 400G NICs)"))
         show.steps(steps, args, refused)
         show.step_figures(stepped)
         report.section(ctx, f"3. the same step dry-run at {DRY_WORLD} ranks in one process (common/counting.py)")
         show.dry_runs(counted)
-    return dict(figures=figures, misses=misses, step=steps, step_figures=stepped,
+    return dict(figures=figures, step=steps, step_figures=stepped,
                 mfu_sources=[step.MFU_SOURCE, step.MFU_HI_SOURCE],  # the MFU's slow and fast ends
                 dry=[dict(d, model=name) for name, d in counted.items()])
 

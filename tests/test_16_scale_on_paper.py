@@ -174,6 +174,21 @@ def test_nccl_picks_from_its_own_table_and_a_slow_node_runs_that_pick_at_its_own
             assert {k: v for k, v in runs.items() if k != "view"} == {k: v for k, v in tuner.items() if k != "view"}
 
 
+def test_on_aws_p5_the_plugins_regions_pick_and_the_files_busbw_jumps_where_its_ring_starts():
+    """aws-ofi-nccl's p5 regions start the ring at 1.61 GB on 4 nodes, 2.68 on 8, 6.16 on 16 and 12.9 on
+    32; the file's busbw jumps over 10% across each of the first three (its own rows: 280.30 -> 347.57,
+    278.15 -> 351.32, 306.15 -> 356.27 GB/s) and its 32-node run, at 8 GB, is still short of it."""
+    jumps = {4: ((1024, 280.30), (2048, 347.57)), 8: ((2048, 278.15), (4096, 351.32)),
+             16: ((4096, 306.15), (8192, 356.27))}
+    for m, ((lo, before), (hi, after)) in jumps.items():
+        assert lo << 20 < links.p5_ring_from(8 * m) <= hi << 20 and after > 1.1 * before, m
+    assert links.p5_ring_from(256) == pytest.approx(12.88e9, rel=1e-3) and links.p5_ring_from(256) > 8 << 30
+    p5 = [f for f in links.FIGURES + links.MISSES if f["source"] == links.P5]
+    assert [f["forced"] for f in p5] == ["nvls_tree", "ring", "ring", "ring", "nvls_tree"]
+    assert all(f["chosen_by"] == "aws-ofi-nccl" for f in p5)
+    assert links.pick(links.nccl_times(links.Cluster(8, 16, "nvlink4", "efa", 32), 8 << 30, True)) == "nvls_tree"
+
+
 def test_every_figure_within_10_percent_and_every_miss_outside_with_a_reason():
     for f in links.FIGURES:
         assert 0.9 <= links.reported(f)["ratio"] <= 1.1, f["label"]

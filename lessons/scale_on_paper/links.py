@@ -215,7 +215,7 @@ def reported(row):
     intra, nic = LINKS[row["intra"]], LINKS[row["nic"]]
     runs, algo, tuner = price(row)
     out = {k: row[k] for k in ("label", "gpus_per_node", "nodes", "nics_per_node", "per_nic", "size", "nvls",
-                               "forced", "published", "source", "phrase", "why", "node_ring_GBps")}
+                               "forced", "chosen_by", "published", "source", "phrase", "why", "node_ring_GBps")}
     views = [dict(view=name, eff_intra=LINKS[link]["eff"], algo_bw=bw[algo],
                   **{f"{a}_bw": bw.get(a, 0.0) for a in ALGOS})
              for name, link, bw in (("runs", row["intra"], runs), ("tuner", row["tuner_intra"], tuner))]
@@ -227,13 +227,15 @@ def reported(row):
 
 
 def _fig(label, gpn, nodes, intra, nic, nics, published, source, phrase, size=8 << 30, per_nic=False,
-         nvls=False, forced="", why="", tuner_intra=None, node_ring_GBps=0.0):
-    """nvls: the node's switch has NVLink SHARP; forced: the algorithm the run was held to (NCCL_ALGO),
-    else NCCL chose; why: for a miss, the reason a learner can check at the source; tuner_intra: the link
-    class NCCL's tuner prices the GPUs' links as (its table), where they run slower (node_ring_GBps: the
-    source's own one-node ring busbw they were measured at)."""
+         nvls=False, forced="", why="", tuner_intra=None, node_ring_GBps=0.0, chosen_by="NCCL_ALGO"):
+    """nvls: the node's switch has NVLink SHARP; forced: the algorithm chosen outside NCCL's own tuner,
+    by chosen_by (NCCL_ALGO: the run was held to it; aws-ofi-nccl: AWS's tuner plugin), else NCCL chose;
+    why: for a miss, the reason a learner can check at the source; tuner_intra: the link class NCCL's
+    tuner prices the GPUs' links as (its table), where they run slower (node_ring_GBps: the source's own
+    one-node ring busbw they were measured at)."""
     return dict(label=label, gpus_per_node=gpn, nodes=nodes, intra=intra, nic=nic, nics_per_node=nics,
-                size=size, per_nic=int(per_nic), nvls=int(nvls), forced=forced, published=published,
+                size=size, per_nic=int(per_nic), nvls=int(nvls), forced=forced,
+                chosen_by=chosen_by if forced else "", published=published,
                 source=source, phrase=phrase, why=why, tuner_intra=tuner_intra or intra,
                 node_ring_GBps=node_ring_GBps)
 
@@ -287,6 +289,34 @@ MISSES = []  # what the model misses, each with the reason the source itself giv
 # cloud vendors' and users' published runs (nccl-tests busbw, in-place, at the largest size they ran)
 AZURE = "https://github.com/Azure/AI-benchmarking-guide/blob/main/Azure_Results/"
 P5 = "https://github.com/crazyguitar/aws-gpu-communication-benchmark/blob/main/data/nccl_all_reduce.csv"
+# On AWS p5 NCCL's own tuner does not pick: aws-ofi-nccl, AWS's EFA plugin, ships a tuner that picks from
+# regions of (size, ranks) measured on p5 (region_init_internal_p5_p5e, 8 GPUs a node). Its all-reduce
+# runs the ring (Simple) from 1610612736 B at 32 ranks, 2684354560 at 64, 8053063680 at 160 and
+# 9663676416 at 192 (a straight line between vertices, in log2 of both; beyond, extended); from 2684354560
+# B up to there, NVLS tree at 128 ranks and more; at 16 ranks NVLS tree from 31457281 B up. The file's
+# busbw jumps where that ring starts (4 nodes: 280.30 at 1024 MB, 347.57 at 2048; 8 nodes: 278.15 at 2048,
+# 351.32 at 4096; 16 nodes: 306.15 at 4096, 356.27 at 8192).
+AWS_TUNER = "https://github.com/aws/aws-ofi-nccl/blob/228fa0eafb41c9e2b46446b86b5ab46c76410650/src/tuner/" \
+    "nccl_ofi_regions.cpp"
+P5_RING_FROM = ((32, 1610612736), (64, 2684354560), (160, 8053063680), (192, 9663676416))  # (ranks, bytes)
+
+
+def p5_ring_from(ranks):
+    """Bytes from which aws-ofi-nccl's p5 regions run the ring at `ranks` (8 a node, 32 or more): the
+    vertices' polyline in log2(size) against log2(ranks), its last segment extended."""
+    pts = [(math.log2(r), math.log2(b)) for r, b in P5_RING_FROM]
+    y = math.log2(ranks)
+    (y0, x0), (y1, x1) = next(((p, q) for p, q in zip(pts, pts[1:]) if y <= q[0]), pts[-2:])
+    return 2 ** (x0 + (y - y0) * (x1 - x0) / (y1 - y0))
+
+
+def p5_pick(nodes, size):
+    """aws-ofi-nccl's all-reduce on p5 at 8 GPUs a node, for sizes from 2684354560 B (the figures' 8 GiB):
+    NVLS tree on two nodes, else the ring from p5_ring_from(ranks) on, NVLS tree below it."""
+    assert size >= 2684354560, "below 2.7 GB the regions hold more algorithms than this reads"
+    return "nvls_tree" if nodes == 2 or size < p5_ring_from(8 * nodes) else "ring"
+
+
 FIGURES += [
     _fig("1 x 8 A100, Azure NDv4", 8, 1, "nvlink3", "hdr", 8, 231.58, AZURE + "ND_A100_v4_results.md",
          "| 8G | 231.58 |"),
@@ -294,15 +324,17 @@ FIGURES += [
          "| 8G | 479.98 |", nvls=True),
     _fig("1 x 8 A100, AWS p4dn", 8, 1, "nvlink3", "efa", 4, 230.77, "https://github.com/NVIDIA/nccl/issues/527",
          "1   1073741824     268435456     float     sum   8142.6  131.87  230.77", size=1 << 30),
-] + [_fig(f"{m} x 8 H100, AWS p5, 32 EFA", 8, m, "nvlink4", "efa", 32, publ, P5, line, nvls=True)
+] + [_fig(f"{m} x 8 H100, AWS p5, 32 EFA", 8, m, "nvlink4", "efa", 32, publ, P5, line, nvls=True,
+          forced=p5_pick(m, 8 << 30), chosen_by="aws-ofi-nccl")
      for m, publ, line in ((2, 477.71, "2,16,8192,1000,false,254.78,477.71"),
                            (4, 356.99, "4,32,8192,1000,false,184.25,356.99"),
                            (8, 355.36, "8,64,8192,1000,false,180.50,355.36"),
                            (16, 356.27, "16,128,8192,1000,false,179.54,356.27"))]
 MISSES += [
     _fig("32 x 8 H100, AWS p5, 32 EFA", 8, 32, "nvlink4", "efa", 32, 321.10, P5,
-         "32,256,8192,1000,false,161.18,321.10", nvls=True,
-         why="the same file shows this run still climbing at its largest size (302.81 GB/s at 4096 MB, "
-             "321.10 at 8192), where its 4- and 8-node runs had levelled off at 351-357 by 4096 MB and its "
-             "16-node run climbed one size later (306 to 356): 8 GB is not this run's peak"),
+         "32,256,8192,1000,false,161.18,321.10", nvls=True, forced=p5_pick(32, 8 << 30), chosen_by="aws-ofi-nccl",
+         why="aws-ofi-nccl's regions run NVLS tree here (the ring only from about 12.9 GB at 256 ranks); "
+             "every NVLS tree run in the same file past 2 nodes sits under NCCL's own price of it (306.15 GB/s "
+             "at 16 nodes and 302.81 at 32, both 4096 MB; 321.10 here, priced 362): nothing cited prices NVLS "
+             "tree over EFA"),
 ]

@@ -48,7 +48,7 @@ def _why(f):
     """Why this algorithm: held to it by NCCL_ALGO, or the least time NCCL's tuner prices (from its own
     link table) among those the cluster has; the next best beside it."""
     if f["forced"]:
-        return f"held to {f['forced']}"
+        return f"held to {f['forced']}" if f["chosen_by"] == "NCCL_ALGO" else f["chosen_by"]
     tuner = _view(f, "tuner")
     others = [(tuner[a + "_bw"], a) for a in links.ALGOS if tuner[a + "_bw"] and a != f["algo"]]
     return "> {1} {0:.0f}".format(*max(others)) if others else ""
@@ -59,14 +59,17 @@ def _rows(rows):
              issue(f["source"])) for f in rows]
 
 
-def figures(rows, misses, sources=()):
+def figures(every, sources=()):
+    """The figures predicted, then the misses (a figure whose `why` is said), each with its reason."""
+    rows, misses = [f for f in every if not f["why"]], [f for f in every if f["why"]]
     head = ["all-reduce busbw, GB/s", "NCCL runs", "why", "pred", "publ", "ratio", "source"]
     align = [False, False, False, True, True, True, False]
     print(text.table(head, _rows(rows), align=align))
     inside = sum(0.9 <= f["ratio"] <= 1.1 for f in rows)
     say(f"{inside} of {len(rows)} within +-10% (the runner checks every one). NCCL runs the algorithm its "
-        "tuner prices fastest (tuning.cc), unless held to one; the next best beside it (the JSON keeps "
-        "every one's busbw):")
+        "tuner prices fastest (tuning.cc), the next best beside it (the JSON keeps every one's busbw), "
+        "unless held to one or, on AWS p5, told by AWS's tuner plugin (aws-ofi-nccl: regions of size and "
+        "ranks measured on p5; the file's busbw jumps where they switch to the ring):")
     for algo, why in ALGO_WHY.items():
         print(f"  {algo:9s} {why}")
     slow = [f for f in rows if f["node_ring_GBps"]]
