@@ -108,6 +108,22 @@ def test_another_communicator_and_a_missing_rank():
     assert diagnose.diagnose(snap(ranks), 3, moving={0})["field"] == "slow"
 
 
+def test_a_rank_still_in_an_earlier_call_is_behind_not_the_fault():
+    """A crash can end a run while a slow rank still waits in #2, which the others finished before the
+    call that broke (rank 1's #4, count 512): that call is named, the slow rank is said to be behind.
+    Where nothing else differs (a hang that left rank 2 in #2), rank 2 is the finding after all."""
+    ranks = {r: history() + [e(3, op="broadcast", root=0, site="job.py:14"), e(4, state="started")]
+             for r in range(4)}
+    ranks[1][-1]["count"] = 512
+    ranks[2] = [e(1, site="job.py:10"), e(2, dtype="float64", count=1, site="job.py:12", state="started")]
+    d = diagnose.diagnose(snap(ranks), 4)
+    assert (d["rank"], d["seq"], d["field"], d["late"]) == (1, 4, "count", [2])
+    assert "rank 2 still in an earlier call when the run ended: behind" in "\n".join(d["lines"])
+    ranks[1][-1]["count"] = 1024
+    d = diagnose.diagnose(snap(ranks), 4)
+    assert (d["rank"], d["seq"], d["field"]) == (2, 3, "skip") and "never called #3" in "\n".join(d["lines"])
+
+
 def test_a_point_to_point_cycle():
     ranks = {r: history() + [e(3, state="started")] for r in range(4)}
     ranks[1][-1] = e(1, op="recv", kind="p2p", peers="r2", state="started", t0=9)

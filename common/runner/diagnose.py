@@ -66,7 +66,26 @@ def _ranks(rs):
     return ("rank " if len(rs) == 1 else "ranks ") + ",".join(map(str, rs))
 
 
+def behind(entries, comm, k):
+    """True when a rank with no #k on comm is still inside an earlier call on comm that it started: late
+    (the others finished that call and went on), not a rank that called something else."""
+    last = waiting(entries)
+    return bool(last) and last["kind"] == "coll" and last["comm"] == comm and last["seq"] < k
+
+
 def divergence(snap, np, moving):
+    """The first #k where the ranks' calls differ. A rank that is only behind (still in an earlier call)
+    is left out of the comparison first: a crash can end a run while a slow rank trails the one whose
+    call broke it. Where nothing else differs, that rank is the finding after all (a hang can leave a
+    rank in a call the others finished)."""
+    found = _divergence(snap, np, moving, excuse_late=True)
+    if found and found["late"]:
+        found["lines"].append(f"{_ranks(found['late'])} still in an earlier call when the run ended: "
+                              "behind, left out of the comparison")
+    return found or _divergence(snap, np, moving, excuse_late=False)
+
+
+def _divergence(snap, np, moving, excuse_late):
     colls = {r: [e for e in entries if e["kind"] == "coll"] for r, (_, entries) in snap.items()}
     comms = []
     for es in colls.values():
@@ -81,9 +100,11 @@ def divergence(snap, np, moving):
             here = {r: by[r][k] for r in ms if k in by[r]}
             prints = collections.Counter(tuple(e[f] for f in FIELDS) for e in here.values())
             absent = [r for r in ms if r not in here]
+            late = [r for r in absent if excuse_late and behind(snap[r][1], comm, k)]
+            absent = [r for r in absent if r not in late]
             if len(prints) <= 1 and not absent:
                 continue
-            return _name(comm, k, here, absent, prints, snap, moving)
+            return dict(_name(comm, k, here, absent, prints, snap, moving), late=late)
     return None
 
 
