@@ -9,7 +9,7 @@ least time. Nothing is fitted to the figures it is checked against; each comes w
 
 What to watch for:
   * section 1: the link classes, then NCCL's pick / why / predicted / published / ratio / source for
-    19 all-reduce busbw figures (1-16 nodes; InfiniBand, RoCE, AWS EFA, Azure), each held within
+    18 all-reduce busbw figures (1-16 nodes; InfiniBand, RoCE, AWS EFA, Azure), each held within
     +-10%; then the misses, each with its reason.
   * section 2: a training step of an 8B- and a 70B-shaped transformer on 8 to 1024 GPUs: data
     parallelism (08), ZeRO-3 / FSDP (10), and 3D (11, 12), each priced per call; compute at
