@@ -108,17 +108,18 @@ def test_another_communicator_and_a_missing_rank():
     assert diagnose.diagnose(snap(ranks), 3, moving={0})["field"] == "slow"
 
 
-def test_a_rank_still_in_an_earlier_call_is_behind_not_the_fault():
-    """A crash can end a run while a slow rank still waits in #2, which the others finished before the
-    call that broke (rank 1's #4, count 512): that call is named, the slow rank is said to be behind.
-    Where nothing else differs (a hang that left rank 2 in #2), rank 2 is the finding after all."""
+@pytest.mark.parametrize("lag", ["started", "completed"])
+def test_a_rank_that_has_not_reached_the_call_is_late_not_the_fault(lag):
+    """A crash can end a run while a slow rank is still in #2 (or just out of it), which the others
+    finished before the call that broke (rank 1's #4, count 512): that call is named, the slow rank is
+    said to be late. Where nothing else differs (a hang that left rank 2 there), rank 2 is the finding."""
     ranks = {r: history() + [e(3, op="broadcast", root=0, site="job.py:14"), e(4, state="started")]
              for r in range(4)}
     ranks[1][-1]["count"] = 512
-    ranks[2] = [e(1, site="job.py:10"), e(2, dtype="float64", count=1, site="job.py:12", state="started")]
+    ranks[2] = [e(1, site="job.py:10"), e(2, dtype="float64", count=1, site="job.py:12", state=lag)]
     d = diagnose.diagnose(snap(ranks), 4)
     assert (d["rank"], d["seq"], d["field"], d["late"]) == (1, 4, "count", [2])
-    assert "rank 2 still in an earlier call when the run ended: behind" in "\n".join(d["lines"])
+    assert "rank 2 had not reached #4 when the run ended: late" in "\n".join(d["lines"])
     ranks[1][-1]["count"] = 1024
     d = diagnose.diagnose(snap(ranks), 4)
     assert (d["rank"], d["seq"], d["field"]) == (2, 3, "skip") and "never called #3" in "\n".join(d["lines"])

@@ -66,22 +66,22 @@ def _ranks(rs):
     return ("rank " if len(rs) == 1 else "ranks ") + ",".join(map(str, rs))
 
 
-def behind(entries, comm, k):
-    """True when a rank with no #k on comm is still inside an earlier call on comm that it started: late
-    (the others finished that call and went on), not a rank that called something else."""
+def behind(entries, comm):
+    """True when a rank with no #k on comm may only be late: it is not waiting in a collective on another
+    communicator (it is in an earlier call the others finished, or between calls)."""
     last = waiting(entries)
-    return bool(last) and last["kind"] == "coll" and last["comm"] == comm and last["seq"] < k
+    return not (last and last["kind"] == "coll" and last["comm"] != comm)
 
 
 def divergence(snap, np, moving):
-    """The first #k where the ranks' calls differ. A rank that is only behind (still in an earlier call)
-    is left out of the comparison first: a crash can end a run while a slow rank trails the one whose
-    call broke it. Where nothing else differs, that rank is the finding after all (a hang can leave a
-    rank in a call the others finished)."""
+    """The first #k where the ranks' calls differ. The ranks that made #k are compared first, a rank
+    that may only be late left out: a crash can end a run while a slow rank trails the one whose call
+    broke it. Where they all agree, a rank missing from #k is the finding after all (a hang leaves the
+    rank that never came in an earlier call, or computing)."""
     found = _divergence(snap, np, moving, excuse_late=True)
     if found and found["late"]:
-        found["lines"].append(f"{_ranks(found['late'])} still in an earlier call when the run ended: "
-                              "behind, left out of the comparison")
+        found["lines"].append(f"{_ranks(found['late'])} had not reached #{found['seq']} when the run ended: "
+                              "late, left out of the comparison")
     return found or _divergence(snap, np, moving, excuse_late=False)
 
 
@@ -100,7 +100,7 @@ def _divergence(snap, np, moving, excuse_late):
             here = {r: by[r][k] for r in ms if k in by[r]}
             prints = collections.Counter(tuple(e[f] for f in FIELDS) for e in here.values())
             absent = [r for r in ms if r not in here]
-            late = [r for r in absent if excuse_late and behind(snap[r][1], comm, k)]
+            late = [r for r in absent if excuse_late and behind(snap[r][1], comm)]
             absent = [r for r in absent if r not in late]
             if len(prints) <= 1 and not absent:
                 continue
