@@ -73,14 +73,17 @@ def figures(every, sources=()):
     for algo, why in ALGO_WHY.items():
         print(f"  {algo:9s} {why}")
     slow = [f for f in rows if f["node_ring_GBps"]]
-    if slow:  # nodes whose NVLink runs under NCCL's table: its pick, priced at their own rate
-        f, lost = min(slow, key=lambda g: g["nodes"]), [f for f in slow if _view(f, "runs")["algo_bw"] < max(
-            _view(f, "runs")[a + "_bw"] for a in links.ALGOS)]
-        say(f"{issue(f['source'])}'s nodes run their ring at {f['node_ring_GBps']:g} GB/s on one node, where NCCL's "
-            f"table prices {_view(f, 'tuner')['ring_bw']:.0f}: NCCL picks from its table, the nodes run at their "
-            "own rate" + "".join(f"; on {g['nodes']} nodes the table's {g['algo']} runs {g['predicted']:.0f}, "
-                                 "where " + "{1} would run {0:.0f}".format(*max(
-                                     (_view(g, "runs")[a + "_bw"], a) for a in links.ALGOS)) for g in lost))
+    if slow:  # nodes whose NVLink runs under NCCL's table: the table's pick, run at their own rate
+        one = min(slow, key=lambda f: f["nodes"])
+        said = [f"{issue(one['source'])}'s nodes run their ring at {one['node_ring_GBps']:g} GB/s on one node, "
+                f"where NCCL's table prices {_view(one, 'tuner')['ring_bw']:.0f}: NCCL picks from its table, "
+                "the nodes run at their own rate"]
+        for f in slow:
+            bw, best = max((_view(f, "runs")[a + "_bw"], a) for a in links.ALGOS)
+            if best != f["algo"]:
+                said.append(f"on {f['nodes']} nodes the table's {f['algo']} runs {f['predicted']:.0f}, "
+                            f"where {best} would run {bw:.0f}")
+        say("; ".join(said))
     for f in sources:
         of = "these nodes' NVLink rate" if f["node_ring_GBps"] else "the NIC efficiency"
         say(f"not a check: {f['label']}, {f['published']} GB/s ({issue(f['source'])}) is {of}'s own source "
