@@ -141,9 +141,8 @@ def your_cluster(args, classes, steps):
     (0 where the cluster has none) and NCCL's pick; the FLOP rate, MFU and memory; step, section 2's rows
     on your cluster's own world size by "model plan"."""
     c = cluster_for(args, args.nodes, classes)
-    times = links.nccl_times(c, args.size, args.nvls)
-    busbw = {f"{a}_bw": bandwidth.busbw("allreduce", args.size, times[a], c.n) if a in times else 0.0
-             for a in links.ALGOS}
+    bw, times = links.busbws(c, args.size, args.nvls)
+    busbw = {f"{a}_bw": bw.get(a, 0.0) for a in links.ALGOS}
     mine = [r for r in steps if r["world"] == c.n]
     pick = links.pick(times)
     row = dict(links.specs(c), **busbw, size=args.size, nvls=int(args.nvls), algo=pick, algo_busbw=busbw[pick + "_bw"])

@@ -6,6 +6,7 @@ alpha-beta formulas, and the published figures the prices are checked against.
     ring_time(cluster, nbytes, calls)  a ring over every rank of a cluster (section 2's step)
     two_level(cluster, nbytes, calls)  the hierarchy: reduce-scatter in the node, all-reduce across, all-gather
     nccl_times(cluster, nbytes, nvls)  NCCL's ring, tree, NVLS, NVLS tree, each its own alpha-beta price
+    busbws(cluster, nbytes, nvls)   each one's busbw (and time), nccl-tests' busbw
     pick(times)                     what NCCL's tuner runs: the least priced time
     price(figure)                   busbw of each algorithm at the rate the links run, NCCL's pick (from its
                                     own link table: tuner_intra), and each one's busbw as the table prices it
@@ -189,13 +190,17 @@ def pick(times):
     return min(times, key=times.get)
 
 
+def busbws(c, nbytes, nvls=False, per=1):
+    """({algorithm: busbw GB/s}, {algorithm: seconds}) of one all-reduce of nbytes on cluster c, each
+    algorithm NCCL has there (nccl_times); busbw common/bandwidth.py's (nccl-tests'), over `per` (NICs)."""
+    times = nccl_times(c, nbytes, nvls)
+    return {a: bandwidth.busbw("allreduce", nbytes, s, c.n) / per for a, s in times.items()}, times
+
+
 def priced(row, intra, links=None):
-    """({algorithm: busbw GB/s}, {algorithm: seconds}) of one figure's row with its GPUs' links of class
-    `intra`; busbw per NIC where the figure is per NIC (common/bandwidth.py's busbw, nccl-tests')."""
+    """busbws() of one figure's row with its GPUs' links of class `intra`, per NIC where it is per NIC."""
     c = Cluster(row["gpus_per_node"], row["nodes"], intra, row["nic"], row["nics_per_node"], links)
-    times = nccl_times(c, row["size"], row["nvls"])
-    per = row["nics_per_node"] if row["per_nic"] else 1
-    return {a: bandwidth.busbw("allreduce", row["size"], s, c.n) / per for a, s in times.items()}, times
+    return busbws(c, row["size"], row["nvls"], row["nics_per_node"] if row["per_nic"] else 1)
 
 
 def price(row, links=None):
